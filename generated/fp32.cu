@@ -9,37 +9,36 @@
 //   }
 //
 // FP32-accurate (timed against cuBLAS FP32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 55 shapes; 97 candidate kernels
-// timed, 21 kept:
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 58 shapes; 96 candidate kernels
+// timed, 20 kept:
 //   fp32_0   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k  (sm_90a, from lib_3xtf32_streamk)
 //   fp32_1   decode=2x8x1  (sm_90, from lib_fp32_decode)
 //   fp32_2   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
 //   fp32_3   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_4   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_3xtf32_split)
-//   fp32_5   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_6   block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
+//   fp32_4   decode=4x16x2 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
+//   fp32_5   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_3xtf32_split)
+//   fp32_6   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
 //   fp32_7   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=32  (sm_90a, from lib_3xtf32_split)
-//   fp32_8   decode=1x4x1  (sm_90, from lib_fp32_decode)
-//   fp32_9   block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
-//   fp32_10  block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_8   block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
+//   fp32_9   decode=1x8x2  (sm_90, from lib_fp32_decode)
+//   fp32_10  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_3xtf32_split)
 //   fp32_11  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_3xtf32_persistent)
-//   fp32_12  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_13  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_3xtf32_split)
-//   fp32_14  block=64x64x32 math=3xtf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_3xtf32_async)
-//   fp32_15  block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_16  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_17  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_12  block=64x64x32 math=3xtf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_3xtf32_async)
+//   fp32_13  decode=4x8x2 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
+//   fp32_14  decode=4x4x1  (sm_90, from lib_fp32_decode)
+//   fp32_15  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_16  block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_17  block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
 //   fp32_18  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_3xtf32_split)
-//   fp32_19  decode=1x8x2  (sm_90, from lib_fp32_decode)
-//   fp32_20  block=128x64x32 warp=32x32 math=3xtf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_3xtf32)
+//   fp32_19  block=128x64x32 warp=32x32 math=3xtf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_3xtf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.000, worst 3.778.
+// over the best there: median 1.000, worst 1.969.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere fp32_20 runs.
+// compute capability 9.0; elsewhere fp32_19 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 fp32.cu
@@ -1351,11 +1350,11 @@ constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
-// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
+// step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
 constexpr int PRODUCTS = 0;
-constexpr int TILES = 2;
-constexpr int TILE_SLICES = 4;
-constexpr int CHUNKS_IN_FLIGHT = 4;  // float4s of its column per lane in flight
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 8;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
 
@@ -1424,8 +1423,6 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
                  : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
 }
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
-static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 4 == 0, "two batches of chunks of two float4s (unaligned: 8 floats)");
 
 // V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
 template <int V>
@@ -1572,158 +1569,212 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
     __syncthreads();  // s_part is free for the next pass
 }
 
-// ---- the tensor path: a pass of up to 8 or 16 rows (R) on mma.sync m16n8k8 ------------------------
+// ---- the tensor path: a pass of up to 16 rows on mma.sync m16n8k8 -------------------------------
+// The big operand's columns are the MMA's M: a warp takes a tile of 16 of them (lane 4g + t: columns g
+// and g + 8), and the rows are its N, 8 at a time (lane 4g + t: row g, and row g + 8 in a pass of 9 to
+// 16 rows). So per byte of the big operand a warp reads half a byte (8 rows) or one (16 rows) of the
+// small one, through L1 where the lanes need them: no shared tile, no block barrier in the K loop.
 // The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
-// of its column g of the tile, and of rows g and g + 8 of the small operand), each float4 as k slots t
-// and t + 4 of two k steps (.x .y, then .z .w), the same slots for A and for B. A column's four lanes
-// read 128 consecutive bytes of it per chunk. The small operand's rows are read through L1 where the
-// lanes need them: no shared tile, so no block barrier until the slices' sums.
+// of each of its columns and rows), floats h and h + 1 as k slots t and t + 4 of k step h / 2, the same
+// slots for both operands. A column's four lanes read 128 consecutive bytes of it per chunk.
 constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
+constexpr int TILE_COLUMNS = 16;  // columns per warp: mma.sync m16n8k8's M
+static_assert(PRODUCTS == 0 || (TILES * TILE_COLUMNS == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 8 == 0, "two batches of chunks of two columns' two float4s");
 
-// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
-// PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
-// their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// The TF32 fragments of N floats, rounded to nearest (cvt.rna, as cuBLAS TF32); under 3xtf32 also
+// those of what rounding left (small).
+template <int N>
+__device__ __forceinline__ void fragments(unsigned (&big)[N], unsigned (&small)[N], const float (&v)[N]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        if constexpr (PRODUCTS == 3) split_tf32(v[n], big[n], small[n]);
+        else big[n] = to_tf32(v[n]);
+    }
+}
+
+// c += a * b over one k step (a: 16 columns x 8 k, b: 8 k x 8 rows). 3xtf32: small x big and big x small
+// into their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
 // exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
-template <bool UPPER>
-__device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3,
-                                         float b0, float b1) {
-    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
+__device__ __forceinline__ void mma_products(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
+        const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
     if constexpr (PRODUCTS == 3) {
-        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
-        split_tf32(a0, ab[0], as[0]);
-        split_tf32(a2, ab[2], as[2]);
-        if constexpr (UPPER) {
-            split_tf32(a1, ab[1], as[1]);
-            split_tf32(a3, ab[3], as[3]);
-        }
-        split_tf32(b0, bb[0], bs[0]);
-        split_tf32(b1, bb[1], bs[1]);
         mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
         mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
-    } else {
-        ab[0] = to_tf32(a0);
-        ab[2] = to_tf32(a2);
-        if constexpr (UPPER) {
-            ab[1] = to_tf32(a1);
-            ab[3] = to_tf32(a3);
-        }
-        bb[0] = to_tf32(b0);
-        bb[1] = to_tf32(b1);
     }
     mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
 }
 
-// A lane's 8 floats of one chunk (two float4s, or 8 floats unaligned) from `p`, zeros past `left`
-// floats and where not live.
-template <bool ALIGNED>
-__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, int left, bool live) {
-    if (live && left >= 8) {
+// The products of one chunk of the lane's columns (w: g, w8: g + 8) and rows (r: g, r8: g + 8, read
+// at R = 16), summed into p and ps (a 16 x 8 tile per 8 rows).
+template <int R>
+__device__ __forceinline__ void multiply_chunk(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&w)[8],
+        const float (&w8)[8], const float (&r)[8], const float (&r8)[8]) {
 #pragma unroll
-        for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
-        return;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
-        if (live && e < left) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
-        else fill_zero<ALIGNED ? 4 : 1>(v + e);
-    }
-}
-
-// A lane's U chunks of its column: q0, q0 + TILE_SLICES, .. (zeros past K: the tail, and chunks past the end).
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_chunks(float (&b)[U][8], const float* column, int q0, int left, bool live) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * CHUNK;
-        load_chunk<ALIGNED>(b[u], column + k, left - k, live);
-    }
-}
-
-// The products of U chunks of the lane's column (b, loaded) with the same k of rows g and g + 8 (read
-// here), summed into p and ps in the tensor cores.
-template <int R, int U, bool ALIGNED>
-__device__ __forceinline__ void multiply_chunks(float (&p)[4], float (&ps)[4], const float (&b)[U][8],
-        const float* row, const float* row8, bool live, bool live8, int q0, int left) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * CHUNK;
-        float a[8], a8[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8
-        load_chunk<ALIGNED>(a, row + k, left - k, live);
-        if constexpr (R == 16) load_chunk<ALIGNED>(a8, row8 + k, left - k, live8);
-#pragma unroll
-        for (int h = 0; h < 8; h += 4) {  // the chunk's two float4s, two k steps each
-            mma_step<R == 16>(p, ps, a[h], a8[h], a[h + 1], a8[h + 1], b[u][h], b[u][h + 1]);
-            mma_step<R == 16>(p, ps, a[h + 2], a8[h + 2], a[h + 3], a8[h + 3], b[u][h + 2], b[u][h + 3]);
+    for (int h = 0; h < 8; h += 2) {  // four k steps
+        const float a[4] = {w[h], w8[h], w[h + 1], w8[h + 1]}, b[2] = {r[h], r[h + 1]};
+        unsigned ab[4], as[4], bb[2], bs[2];
+        fragments<4>(ab, as, a);
+        fragments<2>(bb, bs, b);
+        mma_products(p[0], ps[0], ab, as, bb, bs);
+        if constexpr (R == 16) {
+            const float b8[2] = {r8[h], r8[h + 1]};
+            fragments<2>(bb, bs, b8);
+            mma_products(p[1], ps[1], ab, as, bb, bs);
         }
     }
 }
 
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 1 to R rows
-// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
-// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of K. Each lane
-// keeps two batches of U chunks of its column in flight in turn: the next batch's loads are issued
-// before this one's products.
+// A lane's 8 floats of one chunk from `p` (two float4s, or 8 floats unaligned), read through L1
+// (ld.global.nc), or zeros where `in` is false: a select per load, no branch, so that ptxas may issue
+// them early.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, bool in) {
+    if constexpr (ALIGNED) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {
+            const float4 x = in ? __ldg(reinterpret_cast<const float4*>(p + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[e] = x.x; v[e + 1] = x.y; v[e + 2] = x.z; v[e + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = in ? __ldg(p + e) : 0.0f;
+    }
+}
+
+// The same, one float at a time, for the partial last chunk: floats from `left` on are zeros.
+__device__ __forceinline__ void load_tail(float (&v)[8], const float* p, int left) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = e < left ? __ldg(p + e) : 0.0f;
+}
+
+// The lane's two columns of U chunks: q0, q0 + TILE_SLICES, .. (zeros from chunk `full` on, and where
+// a column lies past the edge).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_columns(float (&b)[U][2][8], const float* column, const float* column8,
+        bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        load_chunk<ALIGNED>(b[u][0], column + q * CHUNK, q < full && live);
+        load_chunk<ALIGNED>(b[u][1], column8 + q * CHUNK, q < full && live8);
+    }
+}
+
+// The products of U chunks of the lane's columns (b, loaded) with the same k of its rows (read here;
+// zeros from chunk `full` on, and for rows past the edge).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&b)[U][2][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        float r[8], r8[8];
+        load_chunk<ALIGNED>(r, row + q * CHUNK, q < full && live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(r8, row8 + q * CHUNK, q < full && live8);
+        multiply_chunk<R>(p, ps, b[u][0], b[u][1], r, r8);
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
+// 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
+// chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
+// flight in turn: the next batch's loads are issued before this one's products. The loop over K's
+// whole chunks has no branch but its own; a partial last chunk follows it.
 template <int R, bool ALIGNED>
 __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
 {
-    constexpr int U = CHUNKS_IN_FLIGHT / 4;  // chunks per batch (2 float4s each, or 8 floats unaligned): 2 batches of U
+    constexpr int U = CHUNKS_IN_FLIGHT / 8;  // chunks per batch (2 columns x 2 float4s each): 2 batches of U
+    constexpr int NB = R / 8;  // blocks of 8 rows: the MMA's N
     static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
     static_assert(U >= 1, "at least one chunk per batch");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tile = warp % TILES, slice = warp / TILES;
     const int g = lane / 4, t = lane % 4;
-    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
-    const bool live = j < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const int j = col0 + tile * TILE_COLUMNS + g;  // the lane's columns j and j + 8
+    const bool live = j < cols, live8 = j + 8 < cols, live_row = g < rows, live_row8 = g + 8 < rows;
     const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* column8 = G + (live8 ? (long long)(j + 8) * ldg : 0) + 8 * t;
     const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
     const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
-    const int left = K - 8 * t;  // floats from the lane's first k on
-    const int chunks = (K + CHUNK - 1) / CHUNK;
+    const int full = K / CHUNK;  // chunks wholly inside K
     constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
+    float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[n][i] = cs[n][i] = 0.0f;
 
-    float b0[U][8], b1[U][8];
-    load_chunks<U, ALIGNED>(b0, column, slice, left, live);
+    float b0[U][2][8], b1[U][2][8];
+    load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
 #pragma unroll 1
-    for (int q0 = slice; q0 < chunks; q0 += 2 * STRIDE) {
+    for (int q0 = slice; q0 < full; q0 += 2 * STRIDE) {
         // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
         // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
         // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
         // the FP32 sums long: 3xtf32's error grew along K.)
-        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        load_chunks<U, ALIGNED>(b1, column, q0 + STRIDE, left, live);
-        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, left);
-        if (q0 + STRIDE < chunks) {  // else the second batch lies past K
-            load_chunks<U, ALIGNED>(b0, column, q0 + 2 * STRIDE, left, live);
-            multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, left);
-        }
+        float p[NB][4], ps[NB][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            c[i] += p[i];
-            cs[i] += ps[i];
-        }
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
+        load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
+    }
+    if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
+        const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
+        float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_tail(w, column + full * CHUNK, live ? left : 0);
+        load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
+        load_tail(r, row + full * CHUNK, live_row ? left : 0);
+        load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
+        multiply_chunk<R>(p, ps, w, w8, r, r8);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
     }
 
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[i] += cs[i];  // zero but in 3xtf32
-    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
+    // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
+    constexpr int PART = TILE_COLUMNS * MAX_ROWS;  // shared floats per tile and slice
     if (slice > 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                s_part[((slice - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i] = c[n][i] + cs[n][i];
     }
     __syncthreads();
     if (slice == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
-            if (r >= rows || jc >= cols) continue;
-            float sum = c[i];
-            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
-            float* out = C + r * c_row + jc * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 8 * n + 2 * t + i % 2, jc = j + 8 * (i / 2);
+                if (r >= rows || jc >= cols) continue;
+                float sum = c[n][i] + cs[n][i];  // cs is zero but in 3xtf32
+                for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i];
+                float* out = C + r * c_row + jc * c_col;
+                *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+            }
     }
     __syncthreads();  // s_part is free for the next pass
 }
@@ -4087,6 +4138,590 @@ static inline int gemmgen_fp32_3(int M, int N, int K, float alpha, const float* 
 //
 // spec:
 //   kernel fp32_4 {
+//     target   sm_90
+//     layout   A row, B col, C row
+//     decode   columns 4 warps 16 slices 2
+//     math     3xtf32
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                   sm_90
+//   math                     3xtf32: every pass on the tensor cores, mma.sync m16n8k8 3xTF32 (A and B split into big + small TF32 parts, rounded to nearest; big x big + big x small + small x big: FP32-accurate)
+//   orientation              M <= N: rows of A read through L1, columns of B streamed; M > N: C^T = B^T A^T, columns of B read through L1, rows of A streamed
+//   rows per pass            8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
+//   threads per block        512 (16 warps: 8 column group(s) of 2 warp(s), each a slice of K) = 32 columns
+//   tensor path              2 tile(s) of 16 columns per block (the MMA's M), 8 warp(s) per tile, each a slice of K; the rows the MMA's N, 8 at a time; per lane 8 float4s of its two columns in flight (two batches of a chunk of two consecutive float4s of each: a column's 4 lanes read 128 bytes in a row), each float4 two k steps of 3 mma.sync per 8 rows; the small operand's rows read through L1
+//   K slices' sums           3584 shared floats, added in slice order (deterministic)
+//   registers (estimate)     92 live floats per lane at 16 rows, 92 at 1
+//   shared memory per block  0 dynamic + 14340 static bytes
+//   schedule                 a block per 32 columns of the big operand, of every batch
+//   epilogue                 alpha * A*B + beta * C
+//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_4(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_4_impl {
+
+// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
+// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
+// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
+// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
+constexpr int COLUMNS = 4;  // columns per warp
+constexpr int WARPS = 16;
+constexpr int SLICES = 2;  // warps per column group, each a slice of K
+constexpr int GROUPS = WARPS / SLICES;  // column groups per block
+constexpr int BLOCK_COLS = 32;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 512;
+constexpr int MAX_ROWS = 16;  // rows per pass
+constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+constexpr int PART_FLOATS = 3584;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int UNROLL = 2;  // steps per lane whose loads are issued together
+constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
+constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 3;
+constexpr int TILES = 2;
+constexpr int TILE_SLICES = 8;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
+
+// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+
+// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? BYTES : 0;
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+}
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+}
+static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+
+// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
+// past the tile's `vectors` and for columns past the edge), all issued before any is used.
+template <int V, int U>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            const int q = q0 + u * STEP;
+            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
+            else fill_zero<V>(b[u][c]);
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
+// starts 16-byte aligned. C is read only where beta != 0.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
+    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp % GROUPS, slice = warp / GROUPS;
+    const int j0 = col0 + group * COLUMNS;  // the warp's first column
+
+    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
+    bool live[COLUMNS];
+#pragma unroll
+    for (int c = 0; c < COLUMNS; ++c) {
+        live[c] = j0 + c < cols;
+        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
+    }
+    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
+    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
+    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
+    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
+    // accumulators (blocked there too, ptxas spilled the 4-column points).
+    constexpr bool BLOCKED = R <= 8;
+    constexpr int SPAN = U < 16 / V ? U : 16 / V;
+    float acc[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
+        __syncthreads();  // every warp is done with the last tile
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
+        // one wait, in place of a load and a store per vector, one L2 round trip after another.
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<V, U>(b, column, live, k0, q0, vectors);
+#pragma unroll
+            for (int u0 = 0; u0 < U; u0 += SPAN)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
+#pragma unroll
+                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
+#pragma unroll
+                for (int u = u0; u < u0 + SPAN; ++u) {
+                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
+                    float a[V];  // one vector of row r, reused over the warp's columns
+                    load_vec<V>(a, s_rows + r * KT + q * V);
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) {
+                        float& sum = BLOCKED ? part[c] : acc[r][c];
+#pragma unroll
+                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
+                    }
+                }
+                if constexpr (BLOCKED) {
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
+                }
+            }
+        }
+    }
+
+    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
+    float sums[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            sums[r][c] = acc[r][c];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2)
+                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
+        }
+    if (slice > 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c)
+                if ((r * COLUMNS + c) % 32 == lane)
+                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
+            float sum = sums[r][c];
+            for (int s = 1; s < SLICES; ++s)
+                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
+            float* out = C + r * c_row + (j0 + c) * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// ---- the tensor path: a pass of up to 16 rows on mma.sync m16n8k8 -------------------------------
+// The big operand's columns are the MMA's M: a warp takes a tile of 16 of them (lane 4g + t: columns g
+// and g + 8), and the rows are its N, 8 at a time (lane 4g + t: row g, and row g + 8 in a pass of 9 to
+// 16 rows). So per byte of the big operand a warp reads half a byte (8 rows) or one (16 rows) of the
+// small one, through L1 where the lanes need them: no shared tile, no block barrier in the K loop.
+// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
+// of each of its columns and rows), floats h and h + 1 as k slots t and t + 4 of k step h / 2, the same
+// slots for both operands. A column's four lanes read 128 consecutive bytes of it per chunk.
+constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
+constexpr int TILE_COLUMNS = 16;  // columns per warp: mma.sync m16n8k8's M
+static_assert(PRODUCTS == 0 || (TILES * TILE_COLUMNS == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 8 == 0, "two batches of chunks of two columns' two float4s");
+
+// The TF32 fragments of N floats, rounded to nearest (cvt.rna, as cuBLAS TF32); under 3xtf32 also
+// those of what rounding left (small).
+template <int N>
+__device__ __forceinline__ void fragments(unsigned (&big)[N], unsigned (&small)[N], const float (&v)[N]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        if constexpr (PRODUCTS == 3) split_tf32(v[n], big[n], small[n]);
+        else big[n] = to_tf32(v[n]);
+    }
+}
+
+// c += a * b over one k step (a: 16 columns x 8 k, b: 8 k x 8 rows). 3xtf32: small x big and big x small
+// into their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
+__device__ __forceinline__ void mma_products(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
+        const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
+    if constexpr (PRODUCTS == 3) {
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// The products of one chunk of the lane's columns (w: g, w8: g + 8) and rows (r: g, r8: g + 8, read
+// at R = 16), summed into p and ps (a 16 x 8 tile per 8 rows).
+template <int R>
+__device__ __forceinline__ void multiply_chunk(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&w)[8],
+        const float (&w8)[8], const float (&r)[8], const float (&r8)[8]) {
+#pragma unroll
+    for (int h = 0; h < 8; h += 2) {  // four k steps
+        const float a[4] = {w[h], w8[h], w[h + 1], w8[h + 1]}, b[2] = {r[h], r[h + 1]};
+        unsigned ab[4], as[4], bb[2], bs[2];
+        fragments<4>(ab, as, a);
+        fragments<2>(bb, bs, b);
+        mma_products(p[0], ps[0], ab, as, bb, bs);
+        if constexpr (R == 16) {
+            const float b8[2] = {r8[h], r8[h + 1]};
+            fragments<2>(bb, bs, b8);
+            mma_products(p[1], ps[1], ab, as, bb, bs);
+        }
+    }
+}
+
+// A lane's 8 floats of one chunk from `p` (two float4s, or 8 floats unaligned), read through L1
+// (ld.global.nc), or zeros where `in` is false: a select per load, no branch, so that ptxas may issue
+// them early.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, bool in) {
+    if constexpr (ALIGNED) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {
+            const float4 x = in ? __ldg(reinterpret_cast<const float4*>(p + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[e] = x.x; v[e + 1] = x.y; v[e + 2] = x.z; v[e + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = in ? __ldg(p + e) : 0.0f;
+    }
+}
+
+// The same, one float at a time, for the partial last chunk: floats from `left` on are zeros.
+__device__ __forceinline__ void load_tail(float (&v)[8], const float* p, int left) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = e < left ? __ldg(p + e) : 0.0f;
+}
+
+// The lane's two columns of U chunks: q0, q0 + TILE_SLICES, .. (zeros from chunk `full` on, and where
+// a column lies past the edge).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_columns(float (&b)[U][2][8], const float* column, const float* column8,
+        bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        load_chunk<ALIGNED>(b[u][0], column + q * CHUNK, q < full && live);
+        load_chunk<ALIGNED>(b[u][1], column8 + q * CHUNK, q < full && live8);
+    }
+}
+
+// The products of U chunks of the lane's columns (b, loaded) with the same k of its rows (read here;
+// zeros from chunk `full` on, and for rows past the edge).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&b)[U][2][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        float r[8], r8[8];
+        load_chunk<ALIGNED>(r, row + q * CHUNK, q < full && live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(r8, row8 + q * CHUNK, q < full && live8);
+        multiply_chunk<R>(p, ps, b[u][0], b[u][1], r, r8);
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
+// 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
+// chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
+// flight in turn: the next batch's loads are issued before this one's products. The loop over K's
+// whole chunks has no branch but its own; a partial last chunk follows it.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
+{
+    constexpr int U = CHUNKS_IN_FLIGHT / 8;  // chunks per batch (2 columns x 2 float4s each): 2 batches of U
+    constexpr int NB = R / 8;  // blocks of 8 rows: the MMA's N
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    static_assert(U >= 1, "at least one chunk per batch");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * TILE_COLUMNS + g;  // the lane's columns j and j + 8
+    const bool live = j < cols, live8 = j + 8 < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* column8 = G + (live8 ? (long long)(j + 8) * ldg : 0) + 8 * t;
+    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
+    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
+    const int full = K / CHUNK;  // chunks wholly inside K
+    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
+    float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[n][i] = cs[n][i] = 0.0f;
+
+    float b0[U][2][8], b1[U][2][8];
+    load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
+#pragma unroll 1
+    for (int q0 = slice; q0 < full; q0 += 2 * STRIDE) {
+        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
+        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
+        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
+        // the FP32 sums long: 3xtf32's error grew along K.)
+        float p[NB][4], ps[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
+        load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
+    }
+    if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
+        const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
+        float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_tail(w, column + full * CHUNK, live ? left : 0);
+        load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
+        load_tail(r, row + full * CHUNK, live_row ? left : 0);
+        load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
+        multiply_chunk<R>(p, ps, w, w8, r, r8);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
+    }
+
+    // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
+    constexpr int PART = TILE_COLUMNS * MAX_ROWS;  // shared floats per tile and slice
+    if (slice > 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                s_part[((slice - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i] = c[n][i] + cs[n][i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 8 * n + 2 * t + i % 2, jc = j + 8 * (i / 2);
+                if (r >= rows || jc >= cols) continue;
+                float sum = c[n][i] + cs[n][i];  // cs is zero but in 3xtf32
+                for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i];
+                float* out = C + r * c_row + jc * c_col;
+                *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+            }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_4_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
+    __shared__ float s_part[PART_FLOATS];
+    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
+    const bool transposed = M > N;
+    const int rows = transposed ? N : M, cols = transposed ? M : N;
+    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
+    const long long batch_index = blockIdx.x / blocks;
+    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
+    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    C += batch_index * strideC;
+    const float* S = transposed ? B : A;
+    const float* G = transposed ? A : B;
+    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
+    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
+    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
+
+    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
+        const int left = min(rows - r0, MAX_ROWS);
+        const float* s = S + r0 * lds;
+        float* c = C + r0 * c_row;
+        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
+            if (left <= 8)
+                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+            else
+                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+        } else if (left == 1)
+            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left == 2)
+            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 4)
+            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 8)
+            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else
+            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+    }
+}
+
+}  // namespace gemmgen_fp32_4_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_4_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_4_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
+    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_4_kernel<true> : gemmgen_fp32_4_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_4(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_4_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 5: fp32_5 ===========================================
+// gemmgen_fp32_5: generated by gemmgen 0.1.0 from <library fp32: fp32_5> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_5 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 64 x 32
@@ -4112,1066 +4747,8 @@ static inline int gemmgen_fp32_3(int M, int N, int K, float alpha, const float* 
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    128 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_4_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_4(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (fp32_4_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_4_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_4_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_4_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_4_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_4_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_4_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_4_fallback_kernel<true> : gemmgen_fp32_4_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_4_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_4_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_4_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_fp32_4_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
-constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
-constexpr long long ROUND_B_MAX_MN = 2097152;
-constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 99424;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_4_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
-    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
-        // part to nearest in place first), at their own pace behind the copies.
-        else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-                barrier_arrive(&ready[s]);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
-    float tile_product[TM][RN * TN];
-    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
-    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
-    // alternate between two sets of registers (the MMAs read theirs until they complete).
-    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_stage = sA + s * A_STAGE_FLOATS;
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)
-        #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
-            }
-    };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        const float* b_small = sB_small + s * B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
-        wgmma_commit();
-    };
-    auto add_product = [&](int t) {  // once the tile's MMAs have completed
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    };
-    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
-        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
-        }
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_4_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_4_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_4_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_fp32_4_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_4_kernel<true> : gemmgen_fp32_4_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_4_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_4(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_4_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 5: fp32_5 ===========================================
-// gemmgen_fp32_5: generated by gemmgen 0.1.0 from <library fp32: fp32_5> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_5 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 128 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    4 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197736 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (256 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_5_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//   vector path needs          nothing
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_5(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -5209,7 +4786,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -5693,13 +5270,13 @@ static inline int gemmgen_fp32_5_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_fp32_5_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
@@ -5708,10 +5285,10 @@ constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 197736;
+constexpr int SMEM_BYTES = 99424;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
+constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -5835,11 +5412,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -5849,11 +5426,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsi
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -5909,77 +5486,23 @@ __device__ __forceinline__ void write_remainders(float* tile, float* small, int 
     }
 }
 
-// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
-// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
-// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
-// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
-// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
-// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
-// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
-// tile's again, for the next launch on the same workspace.
-constexpr int CONSUMER_THREADS = CONSUMERS * 128;
-constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
-constexpr int SLOT_FLOATS = BM * BN;
-constexpr int COUNTER_FLOATS = 32;
-constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
-constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
-static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
-
-// The block's consumer warpgroups only (its producer warpgroup has returned).
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
-}
-
-// Writes this thread's share of the slice's product to its slot and counts the block in; true in
-// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
-__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
-                                           int* last) {
-    float* region = workspace + blockIdx.x * REGION_FLOATS;
-    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2)
-            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
-    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
-    consumers_sync();
-    if (consumer_thread == 0) {
-        int* counter = reinterpret_cast<int*>(region);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
-        *last = arrived == SPLIT_K;
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_5_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
     }
-    consumers_sync();
-    if (!*last) return false;
-    __threadfence();  // the other slices' sums, seen after their counts
-    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2) {
-            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-            acc[i][j] = first.x;
-            acc[i][j + 1] = first.y;
-        }
-    for (int y = 1; y < SPLIT_K; ++y) {
-        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
-#pragma unroll
-        for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; j += 2) {
-                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-                acc[i][j] += sums.x;
-                acc[i][j + 1] += sums.y;
-            }
-    }
-    return true;
 }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_fp32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        float* __restrict__ workspace,
         int batch,
         long long strideA,
         long long strideB,
@@ -6005,7 +5528,6 @@ gemmgen_fp32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
     // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
     const int tiles_in_k = (K + BK - 1) / BK;
     const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
@@ -6118,18 +5640,14 @@ gemmgen_fp32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             add_product(t + 1);
         }
     }
-    // Split K through the workspace: this slice's product to its slot; the block that counts in last
-    // holds the tile's sum in acc and stores it below, the others are done.
-    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
 
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -6143,13 +5661,7 @@ gemmgen_fp32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
                     }
             }
     }
@@ -6169,46 +5681,6 @@ gemmgen_fp32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-#include <mutex>
-
-namespace gemmgen_fp32_5_impl {
-// Split K's workspace (see split K above): one per device and stream, since kernels on one
-// stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
-// allocates, so it cannot be the first call inside a CUDA graph capture.
-static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
-    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
-    static std::mutex lock;
-    static Entry entries[16];
-    static unsigned long long calls = 0;
-    std::lock_guard<std::mutex> guard(lock);
-    Entry* entry = nullptr;
-    for (Entry& e : entries)
-        if (e.memory && e.stream == stream && e.device == device) entry = &e;
-    if (!entry) {  // a free entry, or the one used longest ago
-        entry = &entries[0];
-        for (Entry& e : entries)
-            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
-    }
-    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
-        if (entry->memory) {
-            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
-            entry->memory = nullptr;
-            if (freed != cudaSuccess) return freed;
-        }
-        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
-        cudaError_t error = cudaMalloc(&entry->memory, size);
-        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
-        error = cudaMemsetAsync(entry->memory, 0, size, stream);
-        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
-        *entry = Entry{stream, device, size, entry->memory, 0};
-    }
-    entry->used = ++calls;
-    *workspace = static_cast<float*>(entry->memory);
-    return cudaSuccess;
-}
-}  // namespace gemmgen_fp32_5_impl
-
 static inline int gemmgen_fp32_5_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -6283,20 +5755,16 @@ static inline int gemmgen_fp32_5_batched(int M, int N, int K, float alpha, const
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_fp32_5_kernel<true> : gemmgen_fp32_5_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_5_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -6314,13 +5782,13 @@ static inline int gemmgen_fp32_5(int M, int N, int K, float alpha, const float* 
 //   kernel fp32_6 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 128 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    4
+//     split    2 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -6328,17 +5796,17 @@ static inline int gemmgen_fp32_5(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
+//   block tile (BM x BN x BK)  128 x 128 x 32
 //   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164960 bytes per block
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197736 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_6_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_6(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -6376,7 +5844,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -6860,13 +6328,13 @@ static inline int gemmgen_fp32_6_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_fp32_6_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
@@ -6875,10 +6343,10 @@ constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 164960;
+constexpr int SMEM_BYTES = 197736;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -7076,23 +6544,77 @@ __device__ __forceinline__ void write_remainders(float* tile, float* small, int 
     }
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_6_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
     }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
 }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
         int batch,
         long long strideA,
         long long strideB,
@@ -7118,6 +6640,7 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
     // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
     const int tiles_in_k = (K + BK - 1) / BK;
     const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
@@ -7230,14 +6753,18 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             add_product(t + 1);
         }
     }
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
 
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -7251,7 +6778,13 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
@@ -7271,6 +6804,46 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_fp32_6_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_fp32_6_impl
+
 static inline int gemmgen_fp32_6_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -7345,16 +6918,20 @@ static inline int gemmgen_fp32_6_batched(int M, int N, int K, float alpha, const
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
         aligned ? gemmgen_fp32_6_kernel<true> : gemmgen_fp32_6_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_6_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -8428,539 +8005,6 @@ static inline int gemmgen_fp32_7(int M, int N, int K, float alpha, const float* 
 //
 // spec:
 //   kernel fp32_8 {
-//     target   sm_90
-//     layout   A row, B col, C row
-//     decode   columns 1 warps 4 slices 1
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                   sm_90
-//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
-//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
-//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
-//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
-//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 4 columns
-//   K slices' sums           none (one warp per column group)
-//   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
-//   shared memory per block  0 dynamic + 32772 static bytes
-//   schedule                 a block per 4 columns of the big operand, of every batch
-//   epilogue                 alpha * A*B + beta * C
-//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_8(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_8_impl {
-
-// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
-// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
-// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
-// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 1;  // columns per warp
-constexpr int WARPS = 4;
-constexpr int SLICES = 1;  // warps per column group, each a slice of K
-constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 128;
-constexpr int MAX_ROWS = 16;  // rows per pass
-constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
-constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
-constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
-constexpr int SMEM_BYTES = 0;  // its shared memory is static
-// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
-// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
-constexpr int PRODUCTS = 0;
-constexpr int TILES = 1;
-constexpr int TILE_SLICES = 4;
-constexpr int CHUNKS_IN_FLIGHT = 4;  // float4s of its column per lane in flight
-
-// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
-
-// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
-// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const int src_bytes = valid ? BYTES : 0;
-    if constexpr (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
-    }
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-// Wait until at most PENDING committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
-}
-// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
-// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
-__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
-                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
-        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
-// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
-// which is exactly the TF32 fragment layout above when shared rows run along K.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
-}
-
-__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
-}
-static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
-static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 4 == 0, "two batches of chunks of two float4s (unaligned: 8 floats)");
-
-// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
-// past the tile's `vectors` and for columns past the edge), all issued before any is used.
-template <int V, int U>
-__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
-        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            const int q = q0 + u * STEP;
-            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
-            else fill_zero<V>(b[u][c]);
-        }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
-// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
-// starts 16-byte aligned. C is read only where beta != 0.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    constexpr int V = ALIGNED ? 4 : 1;
-    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
-    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = warp % GROUPS, slice = warp / GROUPS;
-    const int j0 = col0 + group * COLUMNS;  // the warp's first column
-
-    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
-    bool live[COLUMNS];
-#pragma unroll
-    for (int c = 0; c < COLUMNS; ++c) {
-        live[c] = j0 + c < cols;
-        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
-    }
-    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
-    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
-    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
-    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
-    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
-    // accumulators (blocked there too, ptxas spilled the 4-column points).
-    constexpr bool BLOCKED = R <= 8;
-    constexpr int SPAN = U < 16 / V ? U : 16 / V;
-    float acc[R][COLUMNS];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
-
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
-        __syncthreads();  // every warp is done with the last tile
-        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
-        // one wait, in place of a load and a store per vector, one L2 round trip after another.
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
-            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
-            load_step<V, U>(b, column, live, k0, q0, vectors);
-#pragma unroll
-            for (int u0 = 0; u0 < U; u0 += SPAN)
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
-#pragma unroll
-                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
-#pragma unroll
-                for (int u = u0; u < u0 + SPAN; ++u) {
-                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
-                    float a[V];  // one vector of row r, reused over the warp's columns
-                    load_vec<V>(a, s_rows + r * KT + q * V);
-#pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) {
-                        float& sum = BLOCKED ? part[c] : acc[r][c];
-#pragma unroll
-                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
-                    }
-                }
-                if constexpr (BLOCKED) {
-#pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
-                }
-            }
-        }
-    }
-
-    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
-    float sums[R][COLUMNS];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            sums[r][c] = acc[r][c];
-#pragma unroll
-            for (int offset = 16; offset > 0; offset /= 2)
-                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
-        }
-    if (slice > 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int c = 0; c < COLUMNS; ++c)
-                if ((r * COLUMNS + c) % 32 == lane)
-                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
-            float sum = sums[r][c];
-            for (int s = 1; s < SLICES; ++s)
-                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
-            float* out = C + r * c_row + (j0 + c) * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
-    __syncthreads();  // s_part is free for the next pass
-}
-
-// ---- the tensor path: a pass of up to 8 or 16 rows (R) on mma.sync m16n8k8 ------------------------
-// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
-// of its column g of the tile, and of rows g and g + 8 of the small operand), each float4 as k slots t
-// and t + 4 of two k steps (.x .y, then .z .w), the same slots for A and for B. A column's four lanes
-// read 128 consecutive bytes of it per chunk. The small operand's rows are read through L1 where the
-// lanes need them: no shared tile, so no block barrier until the slices' sums.
-constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
-
-// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
-// PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
-// their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
-// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
-template <bool UPPER>
-__device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3,
-                                         float b0, float b1) {
-    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
-    if constexpr (PRODUCTS == 3) {
-        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
-        split_tf32(a0, ab[0], as[0]);
-        split_tf32(a2, ab[2], as[2]);
-        if constexpr (UPPER) {
-            split_tf32(a1, ab[1], as[1]);
-            split_tf32(a3, ab[3], as[3]);
-        }
-        split_tf32(b0, bb[0], bs[0]);
-        split_tf32(b1, bb[1], bs[1]);
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
-    } else {
-        ab[0] = to_tf32(a0);
-        ab[2] = to_tf32(a2);
-        if constexpr (UPPER) {
-            ab[1] = to_tf32(a1);
-            ab[3] = to_tf32(a3);
-        }
-        bb[0] = to_tf32(b0);
-        bb[1] = to_tf32(b1);
-    }
-    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
-}
-
-// A lane's 8 floats of one chunk (two float4s, or 8 floats unaligned) from `p`, zeros past `left`
-// floats and where not live.
-template <bool ALIGNED>
-__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, int left, bool live) {
-    if (live && left >= 8) {
-#pragma unroll
-        for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
-        return;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
-        if (live && e < left) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
-        else fill_zero<ALIGNED ? 4 : 1>(v + e);
-    }
-}
-
-// A lane's U chunks of its column: q0, q0 + TILE_SLICES, .. (zeros past K: the tail, and chunks past the end).
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_chunks(float (&b)[U][8], const float* column, int q0, int left, bool live) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * CHUNK;
-        load_chunk<ALIGNED>(b[u], column + k, left - k, live);
-    }
-}
-
-// The products of U chunks of the lane's column (b, loaded) with the same k of rows g and g + 8 (read
-// here), summed into p and ps in the tensor cores.
-template <int R, int U, bool ALIGNED>
-__device__ __forceinline__ void multiply_chunks(float (&p)[4], float (&ps)[4], const float (&b)[U][8],
-        const float* row, const float* row8, bool live, bool live8, int q0, int left) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * CHUNK;
-        float a[8], a8[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8
-        load_chunk<ALIGNED>(a, row + k, left - k, live);
-        if constexpr (R == 16) load_chunk<ALIGNED>(a8, row8 + k, left - k, live8);
-#pragma unroll
-        for (int h = 0; h < 8; h += 4) {  // the chunk's two float4s, two k steps each
-            mma_step<R == 16>(p, ps, a[h], a8[h], a[h + 1], a8[h + 1], b[u][h], b[u][h + 1]);
-            mma_step<R == 16>(p, ps, a[h + 2], a8[h + 2], a[h + 3], a8[h + 3], b[u][h + 2], b[u][h + 3]);
-        }
-    }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 1 to R rows
-// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
-// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of K. Each lane
-// keeps two batches of U chunks of its column in flight in turn: the next batch's loads are issued
-// before this one's products.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
-{
-    constexpr int U = CHUNKS_IN_FLIGHT / 4;  // chunks per batch (2 float4s each, or 8 floats unaligned): 2 batches of U
-    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
-    static_assert(U >= 1, "at least one chunk per batch");
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int tile = warp % TILES, slice = warp / TILES;
-    const int g = lane / 4, t = lane % 4;
-    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
-    const bool live = j < cols, live_row = g < rows, live_row8 = g + 8 < rows;
-    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
-    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
-    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
-    const int left = K - 8 * t;  // floats from the lane's first k on
-    const int chunks = (K + CHUNK - 1) / CHUNK;
-    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
-
-    float b0[U][8], b1[U][8];
-    load_chunks<U, ALIGNED>(b0, column, slice, left, live);
-#pragma unroll 1
-    for (int q0 = slice; q0 < chunks; q0 += 2 * STRIDE) {
-        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
-        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
-        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
-        // the FP32 sums long: 3xtf32's error grew along K.)
-        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        load_chunks<U, ALIGNED>(b1, column, q0 + STRIDE, left, live);
-        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, left);
-        if (q0 + STRIDE < chunks) {  // else the second batch lies past K
-            load_chunks<U, ALIGNED>(b0, column, q0 + 2 * STRIDE, left, live);
-            multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, left);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            c[i] += p[i];
-            cs[i] += ps[i];
-        }
-    }
-
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[i] += cs[i];  // zero but in 3xtf32
-    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
-    if (slice > 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
-    }
-    __syncthreads();
-    if (slice == 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
-            if (r >= rows || jc >= cols) continue;
-            float sum = c[i];
-            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
-            float* out = C + r * c_row + jc * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
-    }
-    __syncthreads();  // s_part is free for the next pass
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS)
-gemmgen_fp32_8_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
-    __shared__ float s_part[PART_FLOATS];
-    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
-    const bool transposed = M > N;
-    const int rows = transposed ? N : M, cols = transposed ? M : N;
-    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
-    const long long batch_index = blockIdx.x / blocks;
-    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
-    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    C += batch_index * strideC;
-    const float* S = transposed ? B : A;
-    const float* G = transposed ? A : B;
-    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
-    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
-    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
-
-    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
-        const int left = min(rows - r0, MAX_ROWS);
-        const float* s = S + r0 * lds;
-        float* c = C + r0 * c_row;
-        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
-            if (left <= 8)
-                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
-            else
-                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
-        } else if (left == 1)
-            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left == 2)
-            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 4)
-            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 8)
-            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else
-            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-    }
-}
-
-}  // namespace gemmgen_fp32_8_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_8_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_8_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
-    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_8_kernel<true> : gemmgen_fp32_8_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_8(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_8_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 9: fp32_9 ===========================================
-// gemmgen_fp32_9: generated by gemmgen 0.1.0 from <library fp32: fp32_9> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_9 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    128 x 64 x 32
@@ -8986,25 +8030,25 @@ static inline int gemmgen_fp32_8(int M, int N, int K, float alpha, const float* 
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_fp32_8_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_8(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (fp32_9_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (fp32_8_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_9_fallback_impl {
+namespace gemmgen_fp32_8_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -9284,7 +8328,7 @@ __device__ __forceinline__ void store_tile(float* big, float* small, const float
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -9439,7 +8483,7 @@ gemmgen_fp32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __
 #endif
 }
 
-}  // namespace gemmgen_fp32_9_fallback_impl
+}  // namespace gemmgen_fp32_8_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -9449,11 +8493,11 @@ gemmgen_fp32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_9_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_8_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_9_fallback_impl;
+    using namespace gemmgen_fp32_8_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -9476,7 +8520,7 @@ static inline int gemmgen_fp32_9_fallback_batched(int M, int N, int K, float alp
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_9_fallback_kernel<true> : gemmgen_fp32_9_fallback_kernel<false>;
+        aligned ? gemmgen_fp32_8_fallback_kernel<true> : gemmgen_fp32_8_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -9486,14 +8530,14 @@ static inline int gemmgen_fp32_9_fallback_batched(int M, int N, int K, float alp
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_9_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_8_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_9_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_fp32_9_impl {
+namespace gemmgen_fp32_8_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -9748,7 +8792,7 @@ struct Schedule {
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -9931,7 +8975,7 @@ gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 #endif
 }
 
-}  // namespace gemmgen_fp32_9_impl
+}  // namespace gemmgen_fp32_8_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -9944,11 +8988,11 @@ gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_9_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_8_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_9_impl;
+    using namespace gemmgen_fp32_8_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -9966,7 +9010,7 @@ static inline int gemmgen_fp32_9_batched(int M, int N, int K, float alpha, const
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_fp32_9_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_fp32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -10020,7 +9064,7 @@ static inline int gemmgen_fp32_9_batched(int M, int N, int K, float alpha, const
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_9_kernel<true> : gemmgen_fp32_9_kernel<false>;
+        aligned ? gemmgen_fp32_8_kernel<true> : gemmgen_fp32_8_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
@@ -10032,6 +9076,591 @@ static inline int gemmgen_fp32_9_batched(int M, int N, int K, float alpha, const
     const unsigned grid = (unsigned)(blocks < most ? blocks : most);
     kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_8(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_8_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 9: fp32_9 ===========================================
+// gemmgen_fp32_9: generated by gemmgen 0.1.0 from <library fp32: fp32_9> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_9 {
+//     target   sm_90
+//     layout   A row, B col, C row
+//     decode   columns 1 warps 8 slices 2
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                   sm_90
+//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
+//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
+//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
+//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
+//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
+//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   threads per block        256 (8 warps: 4 column group(s) of 2 warp(s), each a slice of K) = 4 columns
+//   K slices' sums           64 shared floats, added in slice order (deterministic)
+//   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
+//   shared memory per block  0 dynamic + 33024 static bytes
+//   schedule                 a block per 4 columns of the big operand, of every batch
+//   epilogue                 alpha * A*B + beta * C
+//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_9_impl {
+
+// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
+// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
+// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
+// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
+constexpr int COLUMNS = 1;  // columns per warp
+constexpr int WARPS = 8;
+constexpr int SLICES = 2;  // warps per column group, each a slice of K
+constexpr int GROUPS = WARPS / SLICES;  // column groups per block
+constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 256;
+constexpr int MAX_ROWS = 16;  // rows per pass
+constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+constexpr int PART_FLOATS = 64;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
+constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
+constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 0;
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 8;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
+
+// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+
+// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? BYTES : 0;
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+}
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+}
+static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+
+// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
+// past the tile's `vectors` and for columns past the edge), all issued before any is used.
+template <int V, int U>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            const int q = q0 + u * STEP;
+            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
+            else fill_zero<V>(b[u][c]);
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
+// starts 16-byte aligned. C is read only where beta != 0.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
+    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp % GROUPS, slice = warp / GROUPS;
+    const int j0 = col0 + group * COLUMNS;  // the warp's first column
+
+    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
+    bool live[COLUMNS];
+#pragma unroll
+    for (int c = 0; c < COLUMNS; ++c) {
+        live[c] = j0 + c < cols;
+        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
+    }
+    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
+    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
+    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
+    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
+    // accumulators (blocked there too, ptxas spilled the 4-column points).
+    constexpr bool BLOCKED = R <= 8;
+    constexpr int SPAN = U < 16 / V ? U : 16 / V;
+    float acc[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
+        __syncthreads();  // every warp is done with the last tile
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
+        // one wait, in place of a load and a store per vector, one L2 round trip after another.
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<V, U>(b, column, live, k0, q0, vectors);
+#pragma unroll
+            for (int u0 = 0; u0 < U; u0 += SPAN)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
+#pragma unroll
+                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
+#pragma unroll
+                for (int u = u0; u < u0 + SPAN; ++u) {
+                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
+                    float a[V];  // one vector of row r, reused over the warp's columns
+                    load_vec<V>(a, s_rows + r * KT + q * V);
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) {
+                        float& sum = BLOCKED ? part[c] : acc[r][c];
+#pragma unroll
+                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
+                    }
+                }
+                if constexpr (BLOCKED) {
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
+                }
+            }
+        }
+    }
+
+    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
+    float sums[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            sums[r][c] = acc[r][c];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2)
+                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
+        }
+    if (slice > 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c)
+                if ((r * COLUMNS + c) % 32 == lane)
+                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
+            float sum = sums[r][c];
+            for (int s = 1; s < SLICES; ++s)
+                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
+            float* out = C + r * c_row + (j0 + c) * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// ---- the tensor path: a pass of up to 16 rows on mma.sync m16n8k8 -------------------------------
+// The big operand's columns are the MMA's M: a warp takes a tile of 16 of them (lane 4g + t: columns g
+// and g + 8), and the rows are its N, 8 at a time (lane 4g + t: row g, and row g + 8 in a pass of 9 to
+// 16 rows). So per byte of the big operand a warp reads half a byte (8 rows) or one (16 rows) of the
+// small one, through L1 where the lanes need them: no shared tile, no block barrier in the K loop.
+// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
+// of each of its columns and rows), floats h and h + 1 as k slots t and t + 4 of k step h / 2, the same
+// slots for both operands. A column's four lanes read 128 consecutive bytes of it per chunk.
+constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
+constexpr int TILE_COLUMNS = 16;  // columns per warp: mma.sync m16n8k8's M
+static_assert(PRODUCTS == 0 || (TILES * TILE_COLUMNS == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 8 == 0, "two batches of chunks of two columns' two float4s");
+
+// The TF32 fragments of N floats, rounded to nearest (cvt.rna, as cuBLAS TF32); under 3xtf32 also
+// those of what rounding left (small).
+template <int N>
+__device__ __forceinline__ void fragments(unsigned (&big)[N], unsigned (&small)[N], const float (&v)[N]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        if constexpr (PRODUCTS == 3) split_tf32(v[n], big[n], small[n]);
+        else big[n] = to_tf32(v[n]);
+    }
+}
+
+// c += a * b over one k step (a: 16 columns x 8 k, b: 8 k x 8 rows). 3xtf32: small x big and big x small
+// into their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
+__device__ __forceinline__ void mma_products(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
+        const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
+    if constexpr (PRODUCTS == 3) {
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// The products of one chunk of the lane's columns (w: g, w8: g + 8) and rows (r: g, r8: g + 8, read
+// at R = 16), summed into p and ps (a 16 x 8 tile per 8 rows).
+template <int R>
+__device__ __forceinline__ void multiply_chunk(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&w)[8],
+        const float (&w8)[8], const float (&r)[8], const float (&r8)[8]) {
+#pragma unroll
+    for (int h = 0; h < 8; h += 2) {  // four k steps
+        const float a[4] = {w[h], w8[h], w[h + 1], w8[h + 1]}, b[2] = {r[h], r[h + 1]};
+        unsigned ab[4], as[4], bb[2], bs[2];
+        fragments<4>(ab, as, a);
+        fragments<2>(bb, bs, b);
+        mma_products(p[0], ps[0], ab, as, bb, bs);
+        if constexpr (R == 16) {
+            const float b8[2] = {r8[h], r8[h + 1]};
+            fragments<2>(bb, bs, b8);
+            mma_products(p[1], ps[1], ab, as, bb, bs);
+        }
+    }
+}
+
+// A lane's 8 floats of one chunk from `p` (two float4s, or 8 floats unaligned), read through L1
+// (ld.global.nc), or zeros where `in` is false: a select per load, no branch, so that ptxas may issue
+// them early.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, bool in) {
+    if constexpr (ALIGNED) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {
+            const float4 x = in ? __ldg(reinterpret_cast<const float4*>(p + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[e] = x.x; v[e + 1] = x.y; v[e + 2] = x.z; v[e + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = in ? __ldg(p + e) : 0.0f;
+    }
+}
+
+// The same, one float at a time, for the partial last chunk: floats from `left` on are zeros.
+__device__ __forceinline__ void load_tail(float (&v)[8], const float* p, int left) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = e < left ? __ldg(p + e) : 0.0f;
+}
+
+// The lane's two columns of U chunks: q0, q0 + TILE_SLICES, .. (zeros from chunk `full` on, and where
+// a column lies past the edge).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_columns(float (&b)[U][2][8], const float* column, const float* column8,
+        bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        load_chunk<ALIGNED>(b[u][0], column + q * CHUNK, q < full && live);
+        load_chunk<ALIGNED>(b[u][1], column8 + q * CHUNK, q < full && live8);
+    }
+}
+
+// The products of U chunks of the lane's columns (b, loaded) with the same k of its rows (read here;
+// zeros from chunk `full` on, and for rows past the edge).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&b)[U][2][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        float r[8], r8[8];
+        load_chunk<ALIGNED>(r, row + q * CHUNK, q < full && live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(r8, row8 + q * CHUNK, q < full && live8);
+        multiply_chunk<R>(p, ps, b[u][0], b[u][1], r, r8);
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
+// 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
+// chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
+// flight in turn: the next batch's loads are issued before this one's products. The loop over K's
+// whole chunks has no branch but its own; a partial last chunk follows it.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
+{
+    constexpr int U = CHUNKS_IN_FLIGHT / 8;  // chunks per batch (2 columns x 2 float4s each): 2 batches of U
+    constexpr int NB = R / 8;  // blocks of 8 rows: the MMA's N
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    static_assert(U >= 1, "at least one chunk per batch");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * TILE_COLUMNS + g;  // the lane's columns j and j + 8
+    const bool live = j < cols, live8 = j + 8 < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* column8 = G + (live8 ? (long long)(j + 8) * ldg : 0) + 8 * t;
+    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
+    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
+    const int full = K / CHUNK;  // chunks wholly inside K
+    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
+    float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[n][i] = cs[n][i] = 0.0f;
+
+    float b0[U][2][8], b1[U][2][8];
+    load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
+#pragma unroll 1
+    for (int q0 = slice; q0 < full; q0 += 2 * STRIDE) {
+        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
+        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
+        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
+        // the FP32 sums long: 3xtf32's error grew along K.)
+        float p[NB][4], ps[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
+        load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
+    }
+    if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
+        const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
+        float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_tail(w, column + full * CHUNK, live ? left : 0);
+        load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
+        load_tail(r, row + full * CHUNK, live_row ? left : 0);
+        load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
+        multiply_chunk<R>(p, ps, w, w8, r, r8);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
+    }
+
+    // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
+    constexpr int PART = TILE_COLUMNS * MAX_ROWS;  // shared floats per tile and slice
+    if (slice > 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                s_part[((slice - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i] = c[n][i] + cs[n][i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 8 * n + 2 * t + i % 2, jc = j + 8 * (i / 2);
+                if (r >= rows || jc >= cols) continue;
+                float sum = c[n][i] + cs[n][i];  // cs is zero but in 3xtf32
+                for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i];
+                float* out = C + r * c_row + jc * c_col;
+                *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+            }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS)
+gemmgen_fp32_9_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
+    __shared__ float s_part[PART_FLOATS];
+    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
+    const bool transposed = M > N;
+    const int rows = transposed ? N : M, cols = transposed ? M : N;
+    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
+    const long long batch_index = blockIdx.x / blocks;
+    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
+    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    C += batch_index * strideC;
+    const float* S = transposed ? B : A;
+    const float* G = transposed ? A : B;
+    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
+    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
+    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
+
+    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
+        const int left = min(rows - r0, MAX_ROWS);
+        const float* s = S + r0 * lds;
+        float* c = C + r0 * c_row;
+        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
+            if (left <= 8)
+                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+            else
+                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+        } else if (left == 1)
+            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left == 2)
+            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 4)
+            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 8)
+            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else
+            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+    }
+}
+
+}  // namespace gemmgen_fp32_9_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_9_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_9_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
+    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_9_kernel<true> : gemmgen_fp32_9_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -10049,13 +9678,13 @@ static inline int gemmgen_fp32_9(int M, int N, int K, float alpha, const float* 
 //   kernel fp32_10 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 64 x 32
+//     block    128 x 128 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    4 workspace
+//     split    8
 //     epilogue alpha beta
 //   }
 //
@@ -10063,17 +9692,17 @@ static inline int gemmgen_fp32_9(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 64 x 32
-//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 132200 bytes per block
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_10_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//   vector path needs          nothing
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -10111,7 +9740,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -10595,13 +10224,13 @@ static inline int gemmgen_fp32_10_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_10_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
@@ -10610,10 +10239,10 @@ constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 132200;
+constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -10737,11 +10366,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -10751,11 +10380,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsi
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -10811,77 +10440,23 @@ __device__ __forceinline__ void write_remainders(float* tile, float* small, int 
     }
 }
 
-// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
-// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
-// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
-// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
-// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
-// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
-// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
-// tile's again, for the next launch on the same workspace.
-constexpr int CONSUMER_THREADS = CONSUMERS * 128;
-constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
-constexpr int SLOT_FLOATS = BM * BN;
-constexpr int COUNTER_FLOATS = 32;
-constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
-constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
-static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
-
-// The block's consumer warpgroups only (its producer warpgroup has returned).
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
-}
-
-// Writes this thread's share of the slice's product to its slot and counts the block in; true in
-// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
-__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
-                                           int* last) {
-    float* region = workspace + blockIdx.x * REGION_FLOATS;
-    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2)
-            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
-    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
-    consumers_sync();
-    if (consumer_thread == 0) {
-        int* counter = reinterpret_cast<int*>(region);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
-        *last = arrived == SPLIT_K;
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_10_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
     }
-    consumers_sync();
-    if (!*last) return false;
-    __threadfence();  // the other slices' sums, seen after their counts
-    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2) {
-            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-            acc[i][j] = first.x;
-            acc[i][j + 1] = first.y;
-        }
-    for (int y = 1; y < SPLIT_K; ++y) {
-        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
-#pragma unroll
-        for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; j += 2) {
-                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-                acc[i][j] += sums.x;
-                acc[i][j + 1] += sums.y;
-            }
-    }
-    return true;
 }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        float* __restrict__ workspace,
         int batch,
         long long strideA,
         long long strideB,
@@ -10907,7 +10482,6 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
     // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
     const int tiles_in_k = (K + BK - 1) / BK;
     const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
@@ -11020,18 +10594,14 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
             add_product(t + 1);
         }
     }
-    // Split K through the workspace: this slice's product to its slot; the block that counts in last
-    // holds the tile's sum in acc and stores it below, the others are done.
-    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
 
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -11045,13 +10615,7 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
                     }
             }
     }
@@ -11071,46 +10635,6 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-#include <mutex>
-
-namespace gemmgen_fp32_10_impl {
-// Split K's workspace (see split K above): one per device and stream, since kernels on one
-// stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
-// allocates, so it cannot be the first call inside a CUDA graph capture.
-static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
-    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
-    static std::mutex lock;
-    static Entry entries[16];
-    static unsigned long long calls = 0;
-    std::lock_guard<std::mutex> guard(lock);
-    Entry* entry = nullptr;
-    for (Entry& e : entries)
-        if (e.memory && e.stream == stream && e.device == device) entry = &e;
-    if (!entry) {  // a free entry, or the one used longest ago
-        entry = &entries[0];
-        for (Entry& e : entries)
-            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
-    }
-    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
-        if (entry->memory) {
-            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
-            entry->memory = nullptr;
-            if (freed != cudaSuccess) return freed;
-        }
-        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
-        cudaError_t error = cudaMalloc(&entry->memory, size);
-        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
-        error = cudaMemsetAsync(entry->memory, 0, size, stream);
-        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
-        *entry = Entry{stream, device, size, entry->memory, 0};
-    }
-    entry->used = ++calls;
-    *workspace = static_cast<float*>(entry->memory);
-    return cudaSuccess;
-}
-}  // namespace gemmgen_fp32_10_impl
-
 static inline int gemmgen_fp32_10_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -11185,20 +10709,16 @@ static inline int gemmgen_fp32_10_batched(int M, int N, int K, float alpha, cons
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_fp32_10_kernel<true> : gemmgen_fp32_10_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_10_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -12395,2231 +11915,6 @@ static inline int gemmgen_fp32_11(int M, int N, int K, float alpha, const float*
 //   kernel fp32_12 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    2 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197736 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_12_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (fp32_12_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_12_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_12_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_12_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_12_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_12_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_12_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_12_fallback_kernel<true> : gemmgen_fp32_12_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_12_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_12_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_fp32_12_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
-constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
-constexpr long long ROUND_B_MAX_MN = 2097152;
-constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 197736;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
-// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
-// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
-// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
-// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
-// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
-// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
-// tile's again, for the next launch on the same workspace.
-constexpr int CONSUMER_THREADS = CONSUMERS * 128;
-constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
-constexpr int SLOT_FLOATS = BM * BN;
-constexpr int COUNTER_FLOATS = 32;
-constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
-constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
-static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
-
-// The block's consumer warpgroups only (its producer warpgroup has returned).
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
-}
-
-// Writes this thread's share of the slice's product to its slot and counts the block in; true in
-// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
-__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
-                                           int* last) {
-    float* region = workspace + blockIdx.x * REGION_FLOATS;
-    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2)
-            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
-    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
-    consumers_sync();
-    if (consumer_thread == 0) {
-        int* counter = reinterpret_cast<int*>(region);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
-        *last = arrived == SPLIT_K;
-    }
-    consumers_sync();
-    if (!*last) return false;
-    __threadfence();  // the other slices' sums, seen after their counts
-    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2) {
-            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-            acc[i][j] = first.x;
-            acc[i][j + 1] = first.y;
-        }
-    for (int y = 1; y < SPLIT_K; ++y) {
-        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
-#pragma unroll
-        for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; j += 2) {
-                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-                acc[i][j] += sums.x;
-                acc[i][j + 1] += sums.y;
-            }
-    }
-    return true;
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        float* __restrict__ workspace,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
-    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
-        // part to nearest in place first), at their own pace behind the copies.
-        else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-                barrier_arrive(&ready[s]);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
-    float tile_product[TM][RN * TN];
-    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
-    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
-    // alternate between two sets of registers (the MMAs read theirs until they complete).
-    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_stage = sA + s * A_STAGE_FLOATS;
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)
-        #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
-            }
-    };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        const float* b_small = sB_small + s * B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
-        wgmma_commit();
-    };
-    auto add_product = [&](int t) {  // once the tile's MMAs have completed
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    };
-    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
-        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
-        }
-    }
-    // Split K through the workspace: this slice's product to its slot; the block that counts in last
-    // holds the tile's sum in acc and stores it below, the others are done.
-    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_12_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-#include <mutex>
-
-namespace gemmgen_fp32_12_impl {
-// Split K's workspace (see split K above): one per device and stream, since kernels on one
-// stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
-// allocates, so it cannot be the first call inside a CUDA graph capture.
-static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
-    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
-    static std::mutex lock;
-    static Entry entries[16];
-    static unsigned long long calls = 0;
-    std::lock_guard<std::mutex> guard(lock);
-    Entry* entry = nullptr;
-    for (Entry& e : entries)
-        if (e.memory && e.stream == stream && e.device == device) entry = &e;
-    if (!entry) {  // a free entry, or the one used longest ago
-        entry = &entries[0];
-        for (Entry& e : entries)
-            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
-    }
-    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
-        if (entry->memory) {
-            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
-            entry->memory = nullptr;
-            if (freed != cudaSuccess) return freed;
-        }
-        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
-        cudaError_t error = cudaMalloc(&entry->memory, size);
-        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
-        error = cudaMemsetAsync(entry->memory, 0, size, stream);
-        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
-        *entry = Entry{stream, device, size, entry->memory, 0};
-    }
-    entry->used = ++calls;
-    *workspace = static_cast<float*>(entry->memory);
-    return cudaSuccess;
-}
-}  // namespace gemmgen_fp32_12_impl
-
-static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_12_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_fp32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_12_kernel<true> : gemmgen_fp32_12_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 13: fp32_13 ===========================================
-// gemmgen_fp32_13: generated by gemmgen 0.1.0 from <library fp32: fp32_13> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_13 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 128 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    8
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_13_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (fp32_13_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_13_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_13_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_13_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_13_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_13_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_13_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_13_fallback_kernel<true> : gemmgen_fp32_13_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_13_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_13_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_fp32_13_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
-constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
-constexpr long long ROUND_B_MAX_MN = 2097152;
-constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 197728;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_13_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
-    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
-        // part to nearest in place first), at their own pace behind the copies.
-        else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-                barrier_arrive(&ready[s]);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
-    float tile_product[TM][RN * TN];
-    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
-    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
-    // alternate between two sets of registers (the MMAs read theirs until they complete).
-    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_stage = sA + s * A_STAGE_FLOATS;
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)
-        #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
-            }
-    };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        const float* b_small = sB_small + s * B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
-        wgmma_commit();
-    };
-    auto add_product = [&](int t) {  // once the tile's MMAs have completed
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    };
-    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
-        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
-        }
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_13_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_13_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_fp32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_13_kernel<true> : gemmgen_fp32_13_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_13_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 14: fp32_14 ===========================================
-// gemmgen_fp32_14: generated by gemmgen 0.1.0 from <library fp32: fp32_14> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_14 {
-//     target   sm_90a
-//     layout   A row, B col, C row
 //     block    64 x 64 x 32
 //     math     3xtf32
 //     load A   vector 1
@@ -14644,13 +11939,13 @@ static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_14_impl {
+namespace gemmgen_fp32_12_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -14930,7 +12225,7 @@ __device__ __forceinline__ void store_tile(float* big, float* small, const float
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_14_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_12_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -15085,6 +12380,1175 @@ gemmgen_fp32_14_kernel(int M, int N, int K, float alpha, const float* __restrict
 #endif
 }
 
+}  // namespace gemmgen_fp32_12_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_12_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_12_kernel<true> : gemmgen_fp32_12_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 13: fp32_13 ===========================================
+// gemmgen_fp32_13: generated by gemmgen 0.1.0 from <library fp32: fp32_13> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_13 {
+//     target   sm_90
+//     layout   A row, B col, C row
+//     decode   columns 4 warps 8 slices 2
+//     math     3xtf32
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                   sm_90
+//   math                     3xtf32: every pass on the tensor cores, mma.sync m16n8k8 3xTF32 (A and B split into big + small TF32 parts, rounded to nearest; big x big + big x small + small x big: FP32-accurate)
+//   orientation              M <= N: rows of A read through L1, columns of B streamed; M > N: C^T = B^T A^T, columns of B read through L1, rows of A streamed
+//   rows per pass            8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
+//   threads per block        256 (8 warps: 4 column group(s) of 2 warp(s), each a slice of K) = 16 columns
+//   tensor path              1 tile(s) of 16 columns per block (the MMA's M), 8 warp(s) per tile, each a slice of K; the rows the MMA's N, 8 at a time; per lane 8 float4s of its two columns in flight (two batches of a chunk of two consecutive float4s of each: a column's 4 lanes read 128 bytes in a row), each float4 two k steps of 3 mma.sync per 8 rows; the small operand's rows read through L1
+//   K slices' sums           1792 shared floats, added in slice order (deterministic)
+//   registers (estimate)     92 live floats per lane at 16 rows, 92 at 1
+//   shared memory per block  0 dynamic + 7172 static bytes
+//   schedule                 a block per 16 columns of the big operand, of every batch
+//   epilogue                 alpha * A*B + beta * C
+//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_13_impl {
+
+// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
+// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
+// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
+// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
+constexpr int COLUMNS = 4;  // columns per warp
+constexpr int WARPS = 8;
+constexpr int SLICES = 2;  // warps per column group, each a slice of K
+constexpr int GROUPS = WARPS / SLICES;  // column groups per block
+constexpr int BLOCK_COLS = 16;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 256;
+constexpr int MAX_ROWS = 16;  // rows per pass
+constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+constexpr int PART_FLOATS = 1792;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int UNROLL = 2;  // steps per lane whose loads are issued together
+constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
+constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 3;
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 8;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
+
+// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+
+// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? BYTES : 0;
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+}
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+}
+static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+
+// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
+// past the tile's `vectors` and for columns past the edge), all issued before any is used.
+template <int V, int U>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            const int q = q0 + u * STEP;
+            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
+            else fill_zero<V>(b[u][c]);
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
+// starts 16-byte aligned. C is read only where beta != 0.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
+    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp % GROUPS, slice = warp / GROUPS;
+    const int j0 = col0 + group * COLUMNS;  // the warp's first column
+
+    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
+    bool live[COLUMNS];
+#pragma unroll
+    for (int c = 0; c < COLUMNS; ++c) {
+        live[c] = j0 + c < cols;
+        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
+    }
+    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
+    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
+    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
+    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
+    // accumulators (blocked there too, ptxas spilled the 4-column points).
+    constexpr bool BLOCKED = R <= 8;
+    constexpr int SPAN = U < 16 / V ? U : 16 / V;
+    float acc[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
+        __syncthreads();  // every warp is done with the last tile
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
+        // one wait, in place of a load and a store per vector, one L2 round trip after another.
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<V, U>(b, column, live, k0, q0, vectors);
+#pragma unroll
+            for (int u0 = 0; u0 < U; u0 += SPAN)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
+#pragma unroll
+                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
+#pragma unroll
+                for (int u = u0; u < u0 + SPAN; ++u) {
+                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
+                    float a[V];  // one vector of row r, reused over the warp's columns
+                    load_vec<V>(a, s_rows + r * KT + q * V);
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) {
+                        float& sum = BLOCKED ? part[c] : acc[r][c];
+#pragma unroll
+                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
+                    }
+                }
+                if constexpr (BLOCKED) {
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
+                }
+            }
+        }
+    }
+
+    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
+    float sums[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            sums[r][c] = acc[r][c];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2)
+                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
+        }
+    if (slice > 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c)
+                if ((r * COLUMNS + c) % 32 == lane)
+                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
+            float sum = sums[r][c];
+            for (int s = 1; s < SLICES; ++s)
+                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
+            float* out = C + r * c_row + (j0 + c) * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// ---- the tensor path: a pass of up to 16 rows on mma.sync m16n8k8 -------------------------------
+// The big operand's columns are the MMA's M: a warp takes a tile of 16 of them (lane 4g + t: columns g
+// and g + 8), and the rows are its N, 8 at a time (lane 4g + t: row g, and row g + 8 in a pass of 9 to
+// 16 rows). So per byte of the big operand a warp reads half a byte (8 rows) or one (16 rows) of the
+// small one, through L1 where the lanes need them: no shared tile, no block barrier in the K loop.
+// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
+// of each of its columns and rows), floats h and h + 1 as k slots t and t + 4 of k step h / 2, the same
+// slots for both operands. A column's four lanes read 128 consecutive bytes of it per chunk.
+constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
+constexpr int TILE_COLUMNS = 16;  // columns per warp: mma.sync m16n8k8's M
+static_assert(PRODUCTS == 0 || (TILES * TILE_COLUMNS == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 8 == 0, "two batches of chunks of two columns' two float4s");
+
+// The TF32 fragments of N floats, rounded to nearest (cvt.rna, as cuBLAS TF32); under 3xtf32 also
+// those of what rounding left (small).
+template <int N>
+__device__ __forceinline__ void fragments(unsigned (&big)[N], unsigned (&small)[N], const float (&v)[N]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        if constexpr (PRODUCTS == 3) split_tf32(v[n], big[n], small[n]);
+        else big[n] = to_tf32(v[n]);
+    }
+}
+
+// c += a * b over one k step (a: 16 columns x 8 k, b: 8 k x 8 rows). 3xtf32: small x big and big x small
+// into their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
+__device__ __forceinline__ void mma_products(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
+        const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
+    if constexpr (PRODUCTS == 3) {
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// The products of one chunk of the lane's columns (w: g, w8: g + 8) and rows (r: g, r8: g + 8, read
+// at R = 16), summed into p and ps (a 16 x 8 tile per 8 rows).
+template <int R>
+__device__ __forceinline__ void multiply_chunk(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&w)[8],
+        const float (&w8)[8], const float (&r)[8], const float (&r8)[8]) {
+#pragma unroll
+    for (int h = 0; h < 8; h += 2) {  // four k steps
+        const float a[4] = {w[h], w8[h], w[h + 1], w8[h + 1]}, b[2] = {r[h], r[h + 1]};
+        unsigned ab[4], as[4], bb[2], bs[2];
+        fragments<4>(ab, as, a);
+        fragments<2>(bb, bs, b);
+        mma_products(p[0], ps[0], ab, as, bb, bs);
+        if constexpr (R == 16) {
+            const float b8[2] = {r8[h], r8[h + 1]};
+            fragments<2>(bb, bs, b8);
+            mma_products(p[1], ps[1], ab, as, bb, bs);
+        }
+    }
+}
+
+// A lane's 8 floats of one chunk from `p` (two float4s, or 8 floats unaligned), read through L1
+// (ld.global.nc), or zeros where `in` is false: a select per load, no branch, so that ptxas may issue
+// them early.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, bool in) {
+    if constexpr (ALIGNED) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {
+            const float4 x = in ? __ldg(reinterpret_cast<const float4*>(p + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[e] = x.x; v[e + 1] = x.y; v[e + 2] = x.z; v[e + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = in ? __ldg(p + e) : 0.0f;
+    }
+}
+
+// The same, one float at a time, for the partial last chunk: floats from `left` on are zeros.
+__device__ __forceinline__ void load_tail(float (&v)[8], const float* p, int left) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = e < left ? __ldg(p + e) : 0.0f;
+}
+
+// The lane's two columns of U chunks: q0, q0 + TILE_SLICES, .. (zeros from chunk `full` on, and where
+// a column lies past the edge).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_columns(float (&b)[U][2][8], const float* column, const float* column8,
+        bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        load_chunk<ALIGNED>(b[u][0], column + q * CHUNK, q < full && live);
+        load_chunk<ALIGNED>(b[u][1], column8 + q * CHUNK, q < full && live8);
+    }
+}
+
+// The products of U chunks of the lane's columns (b, loaded) with the same k of its rows (read here;
+// zeros from chunk `full` on, and for rows past the edge).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&b)[U][2][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        float r[8], r8[8];
+        load_chunk<ALIGNED>(r, row + q * CHUNK, q < full && live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(r8, row8 + q * CHUNK, q < full && live8);
+        multiply_chunk<R>(p, ps, b[u][0], b[u][1], r, r8);
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
+// 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
+// chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
+// flight in turn: the next batch's loads are issued before this one's products. The loop over K's
+// whole chunks has no branch but its own; a partial last chunk follows it.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
+{
+    constexpr int U = CHUNKS_IN_FLIGHT / 8;  // chunks per batch (2 columns x 2 float4s each): 2 batches of U
+    constexpr int NB = R / 8;  // blocks of 8 rows: the MMA's N
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    static_assert(U >= 1, "at least one chunk per batch");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * TILE_COLUMNS + g;  // the lane's columns j and j + 8
+    const bool live = j < cols, live8 = j + 8 < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* column8 = G + (live8 ? (long long)(j + 8) * ldg : 0) + 8 * t;
+    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
+    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
+    const int full = K / CHUNK;  // chunks wholly inside K
+    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
+    float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[n][i] = cs[n][i] = 0.0f;
+
+    float b0[U][2][8], b1[U][2][8];
+    load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
+#pragma unroll 1
+    for (int q0 = slice; q0 < full; q0 += 2 * STRIDE) {
+        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
+        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
+        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
+        // the FP32 sums long: 3xtf32's error grew along K.)
+        float p[NB][4], ps[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
+        load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
+    }
+    if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
+        const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
+        float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_tail(w, column + full * CHUNK, live ? left : 0);
+        load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
+        load_tail(r, row + full * CHUNK, live_row ? left : 0);
+        load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
+        multiply_chunk<R>(p, ps, w, w8, r, r8);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
+    }
+
+    // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
+    constexpr int PART = TILE_COLUMNS * MAX_ROWS;  // shared floats per tile and slice
+    if (slice > 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                s_part[((slice - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i] = c[n][i] + cs[n][i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 8 * n + 2 * t + i % 2, jc = j + 8 * (i / 2);
+                if (r >= rows || jc >= cols) continue;
+                float sum = c[n][i] + cs[n][i];  // cs is zero but in 3xtf32
+                for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i];
+                float* out = C + r * c_row + jc * c_col;
+                *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+            }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 2)
+gemmgen_fp32_13_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
+    __shared__ float s_part[PART_FLOATS];
+    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
+    const bool transposed = M > N;
+    const int rows = transposed ? N : M, cols = transposed ? M : N;
+    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
+    const long long batch_index = blockIdx.x / blocks;
+    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
+    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    C += batch_index * strideC;
+    const float* S = transposed ? B : A;
+    const float* G = transposed ? A : B;
+    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
+    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
+    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
+
+    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
+        const int left = min(rows - r0, MAX_ROWS);
+        const float* s = S + r0 * lds;
+        float* c = C + r0 * c_row;
+        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
+            if (left <= 8)
+                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+            else
+                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+        } else if (left == 1)
+            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left == 2)
+            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 4)
+            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 8)
+            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else
+            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+    }
+}
+
+}  // namespace gemmgen_fp32_13_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_13_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
+    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_13_kernel<true> : gemmgen_fp32_13_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 14: fp32_14 ===========================================
+// gemmgen_fp32_14: generated by gemmgen 0.1.0 from <library fp32: fp32_14> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_14 {
+//     target   sm_90
+//     layout   A row, B col, C row
+//     decode   columns 4 warps 4 slices 1
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                   sm_90
+//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
+//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
+//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
+//   columns per warp         4, 2 step(s) of 4 vector loads in flight per lane (8 float4s)
+//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
+//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 8 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 16 columns
+//   K slices' sums           none (one warp per column group)
+//   registers (estimate)     100 live floats per lane at 16 rows, 44 at 1
+//   shared memory per block  0 dynamic + 32772 static bytes
+//   schedule                 a block per 16 columns of the big operand, of every batch
+//   epilogue                 alpha * A*B + beta * C
+//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_14_impl {
+
+// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
+// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
+// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
+// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
+constexpr int COLUMNS = 4;  // columns per warp
+constexpr int WARPS = 4;
+constexpr int SLICES = 1;  // warps per column group, each a slice of K
+constexpr int GROUPS = WARPS / SLICES;  // column groups per block
+constexpr int BLOCK_COLS = 16;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 128;
+constexpr int MAX_ROWS = 16;  // rows per pass
+constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int UNROLL = 2;  // steps per lane whose loads are issued together
+constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
+constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 0;
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 4;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
+
+// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+
+// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? BYTES : 0;
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+}
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+}
+static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+
+// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
+// past the tile's `vectors` and for columns past the edge), all issued before any is used.
+template <int V, int U>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            const int q = q0 + u * STEP;
+            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
+            else fill_zero<V>(b[u][c]);
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
+// starts 16-byte aligned. C is read only where beta != 0.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
+    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp % GROUPS, slice = warp / GROUPS;
+    const int j0 = col0 + group * COLUMNS;  // the warp's first column
+
+    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
+    bool live[COLUMNS];
+#pragma unroll
+    for (int c = 0; c < COLUMNS; ++c) {
+        live[c] = j0 + c < cols;
+        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
+    }
+    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
+    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
+    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
+    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
+    // accumulators (blocked there too, ptxas spilled the 4-column points).
+    constexpr bool BLOCKED = R <= 8;
+    constexpr int SPAN = U < 16 / V ? U : 16 / V;
+    float acc[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
+        __syncthreads();  // every warp is done with the last tile
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
+        // one wait, in place of a load and a store per vector, one L2 round trip after another.
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<V, U>(b, column, live, k0, q0, vectors);
+#pragma unroll
+            for (int u0 = 0; u0 < U; u0 += SPAN)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
+#pragma unroll
+                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
+#pragma unroll
+                for (int u = u0; u < u0 + SPAN; ++u) {
+                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
+                    float a[V];  // one vector of row r, reused over the warp's columns
+                    load_vec<V>(a, s_rows + r * KT + q * V);
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) {
+                        float& sum = BLOCKED ? part[c] : acc[r][c];
+#pragma unroll
+                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
+                    }
+                }
+                if constexpr (BLOCKED) {
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
+                }
+            }
+        }
+    }
+
+    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
+    float sums[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            sums[r][c] = acc[r][c];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2)
+                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
+        }
+    if (slice > 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c)
+                if ((r * COLUMNS + c) % 32 == lane)
+                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
+            float sum = sums[r][c];
+            for (int s = 1; s < SLICES; ++s)
+                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
+            float* out = C + r * c_row + (j0 + c) * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// ---- the tensor path: a pass of up to 16 rows on mma.sync m16n8k8 -------------------------------
+// The big operand's columns are the MMA's M: a warp takes a tile of 16 of them (lane 4g + t: columns g
+// and g + 8), and the rows are its N, 8 at a time (lane 4g + t: row g, and row g + 8 in a pass of 9 to
+// 16 rows). So per byte of the big operand a warp reads half a byte (8 rows) or one (16 rows) of the
+// small one, through L1 where the lanes need them: no shared tile, no block barrier in the K loop.
+// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
+// of each of its columns and rows), floats h and h + 1 as k slots t and t + 4 of k step h / 2, the same
+// slots for both operands. A column's four lanes read 128 consecutive bytes of it per chunk.
+constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
+constexpr int TILE_COLUMNS = 16;  // columns per warp: mma.sync m16n8k8's M
+static_assert(PRODUCTS == 0 || (TILES * TILE_COLUMNS == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 8 == 0, "two batches of chunks of two columns' two float4s");
+
+// The TF32 fragments of N floats, rounded to nearest (cvt.rna, as cuBLAS TF32); under 3xtf32 also
+// those of what rounding left (small).
+template <int N>
+__device__ __forceinline__ void fragments(unsigned (&big)[N], unsigned (&small)[N], const float (&v)[N]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        if constexpr (PRODUCTS == 3) split_tf32(v[n], big[n], small[n]);
+        else big[n] = to_tf32(v[n]);
+    }
+}
+
+// c += a * b over one k step (a: 16 columns x 8 k, b: 8 k x 8 rows). 3xtf32: small x big and big x small
+// into their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
+__device__ __forceinline__ void mma_products(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
+        const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
+    if constexpr (PRODUCTS == 3) {
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// The products of one chunk of the lane's columns (w: g, w8: g + 8) and rows (r: g, r8: g + 8, read
+// at R = 16), summed into p and ps (a 16 x 8 tile per 8 rows).
+template <int R>
+__device__ __forceinline__ void multiply_chunk(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&w)[8],
+        const float (&w8)[8], const float (&r)[8], const float (&r8)[8]) {
+#pragma unroll
+    for (int h = 0; h < 8; h += 2) {  // four k steps
+        const float a[4] = {w[h], w8[h], w[h + 1], w8[h + 1]}, b[2] = {r[h], r[h + 1]};
+        unsigned ab[4], as[4], bb[2], bs[2];
+        fragments<4>(ab, as, a);
+        fragments<2>(bb, bs, b);
+        mma_products(p[0], ps[0], ab, as, bb, bs);
+        if constexpr (R == 16) {
+            const float b8[2] = {r8[h], r8[h + 1]};
+            fragments<2>(bb, bs, b8);
+            mma_products(p[1], ps[1], ab, as, bb, bs);
+        }
+    }
+}
+
+// A lane's 8 floats of one chunk from `p` (two float4s, or 8 floats unaligned), read through L1
+// (ld.global.nc), or zeros where `in` is false: a select per load, no branch, so that ptxas may issue
+// them early.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, bool in) {
+    if constexpr (ALIGNED) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {
+            const float4 x = in ? __ldg(reinterpret_cast<const float4*>(p + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[e] = x.x; v[e + 1] = x.y; v[e + 2] = x.z; v[e + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = in ? __ldg(p + e) : 0.0f;
+    }
+}
+
+// The same, one float at a time, for the partial last chunk: floats from `left` on are zeros.
+__device__ __forceinline__ void load_tail(float (&v)[8], const float* p, int left) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = e < left ? __ldg(p + e) : 0.0f;
+}
+
+// The lane's two columns of U chunks: q0, q0 + TILE_SLICES, .. (zeros from chunk `full` on, and where
+// a column lies past the edge).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_columns(float (&b)[U][2][8], const float* column, const float* column8,
+        bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        load_chunk<ALIGNED>(b[u][0], column + q * CHUNK, q < full && live);
+        load_chunk<ALIGNED>(b[u][1], column8 + q * CHUNK, q < full && live8);
+    }
+}
+
+// The products of U chunks of the lane's columns (b, loaded) with the same k of its rows (read here;
+// zeros from chunk `full` on, and for rows past the edge).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&b)[U][2][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        float r[8], r8[8];
+        load_chunk<ALIGNED>(r, row + q * CHUNK, q < full && live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(r8, row8 + q * CHUNK, q < full && live8);
+        multiply_chunk<R>(p, ps, b[u][0], b[u][1], r, r8);
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
+// 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
+// chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
+// flight in turn: the next batch's loads are issued before this one's products. The loop over K's
+// whole chunks has no branch but its own; a partial last chunk follows it.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
+{
+    constexpr int U = CHUNKS_IN_FLIGHT / 8;  // chunks per batch (2 columns x 2 float4s each): 2 batches of U
+    constexpr int NB = R / 8;  // blocks of 8 rows: the MMA's N
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    static_assert(U >= 1, "at least one chunk per batch");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * TILE_COLUMNS + g;  // the lane's columns j and j + 8
+    const bool live = j < cols, live8 = j + 8 < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* column8 = G + (live8 ? (long long)(j + 8) * ldg : 0) + 8 * t;
+    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
+    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
+    const int full = K / CHUNK;  // chunks wholly inside K
+    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
+    float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[n][i] = cs[n][i] = 0.0f;
+
+    float b0[U][2][8], b1[U][2][8];
+    load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
+#pragma unroll 1
+    for (int q0 = slice; q0 < full; q0 += 2 * STRIDE) {
+        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
+        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
+        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
+        // the FP32 sums long: 3xtf32's error grew along K.)
+        float p[NB][4], ps[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
+        load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
+    }
+    if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
+        const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
+        float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_tail(w, column + full * CHUNK, live ? left : 0);
+        load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
+        load_tail(r, row + full * CHUNK, live_row ? left : 0);
+        load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
+        multiply_chunk<R>(p, ps, w, w8, r, r8);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
+    }
+
+    // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
+    constexpr int PART = TILE_COLUMNS * MAX_ROWS;  // shared floats per tile and slice
+    if (slice > 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                s_part[((slice - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i] = c[n][i] + cs[n][i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 8 * n + 2 * t + i % 2, jc = j + 8 * (i / 2);
+                if (r >= rows || jc >= cols) continue;
+                float sum = c[n][i] + cs[n][i];  // cs is zero but in 3xtf32
+                for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i];
+                float* out = C + r * c_row + jc * c_col;
+                *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+            }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS)
+gemmgen_fp32_14_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
+    __shared__ float s_part[PART_FLOATS];
+    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
+    const bool transposed = M > N;
+    const int rows = transposed ? N : M, cols = transposed ? M : N;
+    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
+    const long long batch_index = blockIdx.x / blocks;
+    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
+    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    C += batch_index * strideC;
+    const float* S = transposed ? B : A;
+    const float* G = transposed ? A : B;
+    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
+    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
+    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
+
+    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
+        const int left = min(rows - r0, MAX_ROWS);
+        const float* s = S + r0 * lds;
+        float* c = C + r0 * c_row;
+        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
+            if (left <= 8)
+                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+            else
+                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+        } else if (left == 1)
+            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left == 2)
+            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 4)
+            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 8)
+            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else
+            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+    }
+}
+
 }  // namespace gemmgen_fp32_14_impl
 
 #ifndef __CUDACC_RTC__
@@ -15115,12 +13579,12 @@ static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, cons
     }
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
 
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
+    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_fp32_14_kernel<true> : gemmgen_fp32_14_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
@@ -15145,7 +13609,7 @@ static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float*
 //   kernel fp32_15 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 64 x 32
+//     block    64 x 128 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
@@ -15159,14 +13623,14 @@ static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 99432 bytes per block
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164968 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (64 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_15_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -15691,11 +14155,11 @@ static inline int gemmgen_fp32_15_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_15_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
@@ -15706,7 +14170,7 @@ constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 99432;
+constexpr int SMEM_BYTES = 164968;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
@@ -15833,11 +14297,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -15847,11 +14311,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsi
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -16312,13 +14776,13 @@ static inline int gemmgen_fp32_15(int M, int N, int K, float alpha, const float*
 //   kernel fp32_16 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 64 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    2 workspace
+//     split    4 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -16326,14 +14790,14 @@ static inline int gemmgen_fp32_15(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164968 bytes per block
+//   block tile (BM x BN x BK)  128 x 64 x 32
+//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 132200 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (64 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_16_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -16374,7 +14838,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -16858,11 +15322,11 @@ static inline int gemmgen_fp32_16_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_16_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
@@ -16873,10 +15337,10 @@ constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 164968;
+constexpr int SMEM_BYTES = 132200;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -17000,11 +15464,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -17014,11 +15478,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsi
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -17479,7 +15943,7 @@ static inline int gemmgen_fp32_16(int M, int N, int K, float alpha, const float*
 //   kernel fp32_17 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    64 x 64 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
@@ -17493,14 +15957,14 @@ static inline int gemmgen_fp32_16(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164968 bytes per block
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 99432 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (64 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_17_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -18025,11 +16489,11 @@ static inline int gemmgen_fp32_17_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_17_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
@@ -18040,7 +16504,7 @@ constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 164968;
+constexpr int SMEM_BYTES = 99432;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
@@ -18167,11 +16631,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -18181,11 +16645,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsi
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -19704,539 +18168,6 @@ static inline int gemmgen_fp32_18(int M, int N, int K, float alpha, const float*
 //   kernel fp32_19 {
 //     target   sm_90
 //     layout   A row, B col, C row
-//     decode   columns 1 warps 8 slices 2
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                   sm_90
-//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
-//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
-//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
-//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
-//   threads per block        256 (8 warps: 4 column group(s) of 2 warp(s), each a slice of K) = 4 columns
-//   K slices' sums           64 shared floats, added in slice order (deterministic)
-//   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
-//   shared memory per block  0 dynamic + 33024 static bytes
-//   schedule                 a block per 4 columns of the big operand, of every batch
-//   epilogue                 alpha * A*B + beta * C
-//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_19_impl {
-
-// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
-// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
-// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
-// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 1;  // columns per warp
-constexpr int WARPS = 8;
-constexpr int SLICES = 2;  // warps per column group, each a slice of K
-constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 256;
-constexpr int MAX_ROWS = 16;  // rows per pass
-constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
-constexpr int PART_FLOATS = 64;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
-constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
-constexpr int SMEM_BYTES = 0;  // its shared memory is static
-// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
-// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
-constexpr int PRODUCTS = 0;
-constexpr int TILES = 1;
-constexpr int TILE_SLICES = 8;
-constexpr int CHUNKS_IN_FLIGHT = 4;  // float4s of its column per lane in flight
-
-// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
-
-// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
-// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const int src_bytes = valid ? BYTES : 0;
-    if constexpr (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
-    }
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-// Wait until at most PENDING committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
-}
-// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
-// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
-__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
-                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
-        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
-// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
-// which is exactly the TF32 fragment layout above when shared rows run along K.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
-}
-
-__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
-}
-static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
-static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 4 == 0, "two batches of chunks of two float4s (unaligned: 8 floats)");
-
-// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
-// past the tile's `vectors` and for columns past the edge), all issued before any is used.
-template <int V, int U>
-__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
-        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            const int q = q0 + u * STEP;
-            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
-            else fill_zero<V>(b[u][c]);
-        }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
-// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
-// starts 16-byte aligned. C is read only where beta != 0.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    constexpr int V = ALIGNED ? 4 : 1;
-    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
-    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = warp % GROUPS, slice = warp / GROUPS;
-    const int j0 = col0 + group * COLUMNS;  // the warp's first column
-
-    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
-    bool live[COLUMNS];
-#pragma unroll
-    for (int c = 0; c < COLUMNS; ++c) {
-        live[c] = j0 + c < cols;
-        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
-    }
-    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
-    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
-    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
-    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
-    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
-    // accumulators (blocked there too, ptxas spilled the 4-column points).
-    constexpr bool BLOCKED = R <= 8;
-    constexpr int SPAN = U < 16 / V ? U : 16 / V;
-    float acc[R][COLUMNS];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
-
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
-        __syncthreads();  // every warp is done with the last tile
-        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
-        // one wait, in place of a load and a store per vector, one L2 round trip after another.
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
-            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
-            load_step<V, U>(b, column, live, k0, q0, vectors);
-#pragma unroll
-            for (int u0 = 0; u0 < U; u0 += SPAN)
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
-#pragma unroll
-                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
-#pragma unroll
-                for (int u = u0; u < u0 + SPAN; ++u) {
-                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
-                    float a[V];  // one vector of row r, reused over the warp's columns
-                    load_vec<V>(a, s_rows + r * KT + q * V);
-#pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) {
-                        float& sum = BLOCKED ? part[c] : acc[r][c];
-#pragma unroll
-                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
-                    }
-                }
-                if constexpr (BLOCKED) {
-#pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
-                }
-            }
-        }
-    }
-
-    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
-    float sums[R][COLUMNS];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            sums[r][c] = acc[r][c];
-#pragma unroll
-            for (int offset = 16; offset > 0; offset /= 2)
-                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
-        }
-    if (slice > 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int c = 0; c < COLUMNS; ++c)
-                if ((r * COLUMNS + c) % 32 == lane)
-                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
-            float sum = sums[r][c];
-            for (int s = 1; s < SLICES; ++s)
-                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
-            float* out = C + r * c_row + (j0 + c) * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
-    __syncthreads();  // s_part is free for the next pass
-}
-
-// ---- the tensor path: a pass of up to 8 or 16 rows (R) on mma.sync m16n8k8 ------------------------
-// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
-// of its column g of the tile, and of rows g and g + 8 of the small operand), each float4 as k slots t
-// and t + 4 of two k steps (.x .y, then .z .w), the same slots for A and for B. A column's four lanes
-// read 128 consecutive bytes of it per chunk. The small operand's rows are read through L1 where the
-// lanes need them: no shared tile, so no block barrier until the slices' sums.
-constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
-
-// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
-// PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
-// their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
-// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
-template <bool UPPER>
-__device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3,
-                                         float b0, float b1) {
-    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
-    if constexpr (PRODUCTS == 3) {
-        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
-        split_tf32(a0, ab[0], as[0]);
-        split_tf32(a2, ab[2], as[2]);
-        if constexpr (UPPER) {
-            split_tf32(a1, ab[1], as[1]);
-            split_tf32(a3, ab[3], as[3]);
-        }
-        split_tf32(b0, bb[0], bs[0]);
-        split_tf32(b1, bb[1], bs[1]);
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
-    } else {
-        ab[0] = to_tf32(a0);
-        ab[2] = to_tf32(a2);
-        if constexpr (UPPER) {
-            ab[1] = to_tf32(a1);
-            ab[3] = to_tf32(a3);
-        }
-        bb[0] = to_tf32(b0);
-        bb[1] = to_tf32(b1);
-    }
-    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
-}
-
-// A lane's 8 floats of one chunk (two float4s, or 8 floats unaligned) from `p`, zeros past `left`
-// floats and where not live.
-template <bool ALIGNED>
-__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, int left, bool live) {
-    if (live && left >= 8) {
-#pragma unroll
-        for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
-        return;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
-        if (live && e < left) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
-        else fill_zero<ALIGNED ? 4 : 1>(v + e);
-    }
-}
-
-// A lane's U chunks of its column: q0, q0 + TILE_SLICES, .. (zeros past K: the tail, and chunks past the end).
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_chunks(float (&b)[U][8], const float* column, int q0, int left, bool live) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * CHUNK;
-        load_chunk<ALIGNED>(b[u], column + k, left - k, live);
-    }
-}
-
-// The products of U chunks of the lane's column (b, loaded) with the same k of rows g and g + 8 (read
-// here), summed into p and ps in the tensor cores.
-template <int R, int U, bool ALIGNED>
-__device__ __forceinline__ void multiply_chunks(float (&p)[4], float (&ps)[4], const float (&b)[U][8],
-        const float* row, const float* row8, bool live, bool live8, int q0, int left) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * CHUNK;
-        float a[8], a8[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8
-        load_chunk<ALIGNED>(a, row + k, left - k, live);
-        if constexpr (R == 16) load_chunk<ALIGNED>(a8, row8 + k, left - k, live8);
-#pragma unroll
-        for (int h = 0; h < 8; h += 4) {  // the chunk's two float4s, two k steps each
-            mma_step<R == 16>(p, ps, a[h], a8[h], a[h + 1], a8[h + 1], b[u][h], b[u][h + 1]);
-            mma_step<R == 16>(p, ps, a[h + 2], a8[h + 2], a[h + 3], a8[h + 3], b[u][h + 2], b[u][h + 3]);
-        }
-    }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 1 to R rows
-// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
-// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of K. Each lane
-// keeps two batches of U chunks of its column in flight in turn: the next batch's loads are issued
-// before this one's products.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
-{
-    constexpr int U = CHUNKS_IN_FLIGHT / 4;  // chunks per batch (2 float4s each, or 8 floats unaligned): 2 batches of U
-    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
-    static_assert(U >= 1, "at least one chunk per batch");
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int tile = warp % TILES, slice = warp / TILES;
-    const int g = lane / 4, t = lane % 4;
-    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
-    const bool live = j < cols, live_row = g < rows, live_row8 = g + 8 < rows;
-    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
-    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
-    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
-    const int left = K - 8 * t;  // floats from the lane's first k on
-    const int chunks = (K + CHUNK - 1) / CHUNK;
-    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
-
-    float b0[U][8], b1[U][8];
-    load_chunks<U, ALIGNED>(b0, column, slice, left, live);
-#pragma unroll 1
-    for (int q0 = slice; q0 < chunks; q0 += 2 * STRIDE) {
-        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
-        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
-        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
-        // the FP32 sums long: 3xtf32's error grew along K.)
-        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        load_chunks<U, ALIGNED>(b1, column, q0 + STRIDE, left, live);
-        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, left);
-        if (q0 + STRIDE < chunks) {  // else the second batch lies past K
-            load_chunks<U, ALIGNED>(b0, column, q0 + 2 * STRIDE, left, live);
-            multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, left);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            c[i] += p[i];
-            cs[i] += ps[i];
-        }
-    }
-
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[i] += cs[i];  // zero but in 3xtf32
-    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
-    if (slice > 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
-    }
-    __syncthreads();
-    if (slice == 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
-            if (r >= rows || jc >= cols) continue;
-            float sum = c[i];
-            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
-            float* out = C + r * c_row + jc * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
-    }
-    __syncthreads();  // s_part is free for the next pass
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS)
-gemmgen_fp32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
-    __shared__ float s_part[PART_FLOATS];
-    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
-    const bool transposed = M > N;
-    const int rows = transposed ? N : M, cols = transposed ? M : N;
-    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
-    const long long batch_index = blockIdx.x / blocks;
-    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
-    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    C += batch_index * strideC;
-    const float* S = transposed ? B : A;
-    const float* G = transposed ? A : B;
-    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
-    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
-    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
-
-    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
-        const int left = min(rows - r0, MAX_ROWS);
-        const float* s = S + r0 * lds;
-        float* c = C + r0 * c_row;
-        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
-            if (left <= 8)
-                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
-            else
-                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
-        } else if (left == 1)
-            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left == 2)
-            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 4)
-            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 8)
-            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else
-            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-    }
-}
-
-}  // namespace gemmgen_fp32_19_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_19_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
-    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_19_kernel<true> : gemmgen_fp32_19_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_19(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 20: fp32_20 ===========================================
-// gemmgen_fp32_20: generated by gemmgen 0.1.0 from <library fp32: fp32_20> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_20 {
-//     target   sm_90
-//     layout   A row, B col, C row
 //     block    128 x 64 x 32
 //     warp     32 x 32
 //     math     3xtf32
@@ -20271,13 +18202,13 @@ static inline int gemmgen_fp32_19(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_20(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_20_impl {
+namespace gemmgen_fp32_19_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block, K step
@@ -20428,7 +18359,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 72 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_fp32_20_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -20659,7 +18590,7 @@ gemmgen_fp32_20_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_fp32_20_impl
+}  // namespace gemmgen_fp32_19_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -20669,11 +18600,11 @@ gemmgen_fp32_20_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_20_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_20_impl;
+    using namespace gemmgen_fp32_19_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -20696,7 +18627,7 @@ static inline int gemmgen_fp32_20_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_20_kernel<true> : gemmgen_fp32_20_kernel<false>;
+        aligned ? gemmgen_fp32_19_kernel<true> : gemmgen_fp32_19_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -20706,10 +18637,10 @@ static inline int gemmgen_fp32_20_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_20(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_19(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_20_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -20784,1246 +18715,1159 @@ struct Model { const Point* points; int count; double coef[5]; double split_rati
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; bool decode; int decode_products; };
 
 static const Point fp32_0_aligned[] = {
-    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0042633495321592494, 1, 0.0, 0},
-    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11788435365476273, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0384464565530812, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07401974923151727, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.039080954328021895, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06706411690623712, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022865858074748745, 1, 0.0, 0},
-    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, 0.002803118659798981, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.050602491217407855, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02491069710148296, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.022063640479858822, 1, 0.0, 0},
-    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.026280257630757094, 1, 0.0, 0},
-    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.006247046515377622, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09094399958848953, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.007162128901483456, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10968000069260597, 0.0, 9.306377560173125, 8.317766166719343, -0.017242165412861152, 1, 0.0, 0},
-    {8, 11008, 4096, 0.11151999980211258, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0038579009413989536, 1, 0.0, 0},
-    {16, 4096, 4096, 0.05571199953556061, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0686313114615051, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13808000087738037, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.02544513274276136, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0551999993622303, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.059398697941410776, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08790399879217148, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0053504747638955285, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08966399729251862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.00580603546673669, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05430399999022484, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.047128613346123026, 1, 0.0, 0},
-    {3, 4096, 11008, 0.11073600128293037, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.02824671558048497, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08932913531250847, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.7249440252780914, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.004320257689467534, 1, 0.0, 0},
-    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.04001228467516491, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.020084716451109864, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.033116997391839896, 1, 0.0, 0},
-    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.009433897011606391, 1, 0.0, 0},
-    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.00865518705417806, 1, 0.0, 0},
-    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.006510628628119611, 1, 0.0, 0},
-    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.015272120782540397, 1, 0.0, 0},
-    {384, 384, 24576, 0.09884800016880035, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.11234897399669595, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9020799994468689, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.18100544895035217, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.0987520217895508, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.13500892958274238, 1, 0.0, 0},
-    {1536, 2560, 768, 0.07062400132417679, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.035242248620297394, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4485439956188202, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.01130030641189208, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.5181119441986084, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.02296446223094402, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1557279825210571, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.026207447949418178, 1, 0.0, 0},
-    {512, 512, 512, 0.18353600054979324, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.01563433069249186, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.12407999858260155, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08030130204200517, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03776000067591667, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5224714566483208, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.09641599655151367, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.25040340682933704, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.10022400319576263, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07518206988954851, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.19092799723148346, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012865083199618058, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.031050416541744216, 1, 0.0, 1},
+    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.005659721033511289, 1, 0.0, 0},
+    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11701609561526205, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03798856030580876, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07409065708054148, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0392760219284464, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0672708378591431, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022877350153221097, 1, 0.0, 0},
+    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, 0.0054157975125823056, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.04812748488282801, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023511719224557, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.022128375290021166, 1, 0.0, 0},
+    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.02634499244091945, 1, 0.0, 0},
+    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.004224212218545776, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09094399958848953, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.008230311604921964, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10968000069260597, 0.0, 9.306377560173125, 8.317766166719343, -0.014378472218173463, 1, 0.0, 0},
+    {8, 11008, 4096, 0.11151999980211258, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0011624058405966201, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05571199953556061, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07095684169031556, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13808000087738037, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.022629845434468204, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0551999993622303, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06172422817022144, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08790399879217148, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.008052673166345444, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08966399729251862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.008338769301728843, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05430399999022484, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04966439694218843, 1, 0.0, 0},
+    {3, 4096, 11008, 0.11073600128293037, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.0254746919524287, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08940301112428847, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.7249440252780914, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.00449310954767456, 1, 0.0, 0},
+    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.040150639346919426, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.020710996858509384, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03310811580800329, 1, 0.0, 0},
+    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.009798395168684458, 1, 0.0, 0},
+    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.00874286463464857, 1, 0.0, 0},
+    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.006482839750505658, 1, 0.0, 0},
+    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.01658628357137934, 1, 0.0, 0},
+    {384, 384, 24576, 0.09884800016880035, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.11247751036904653, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9020799994468689, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.18082072024795925, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.0987520217895508, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.13482078997960575, 1, 0.0, 0},
+    {1536, 2560, 768, 0.07062400132417679, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.035321335151066176, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4485439956188202, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.011459647553861994, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.5181119441986084, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022762016030256762, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1557279825210571, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.026015062987794317, 1, 0.0, 0},
+    {512, 512, 512, 0.18353600054979324, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.015560454880711934, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.12407999858260155, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08031868223020842, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03776000067591667, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5230977370557202, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.09641599655151367, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2505428798151156, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.10022400319576263, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07652868960312019, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.19092799723148346, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012942461118654365, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.030867035225984402, 1, 0.0, 1},
 };
 static const Point fp32_0_unaligned[] = {
-    {2047, 2047, 2047, 0.2844800055027008, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031322100794318346, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1642560064792633, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.12192655572652723, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.271360158920288, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04375134224938083, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04374400153756142, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.21999103717884758, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05510399863123894, 8.317766166719343, 0.0, 8.317766166719343, -0.10591191147225003, 1, 0.0, 0},
-    {1, 4096, 4096, 0.1409280002117157, 0.0, 8.317766166719343, 8.317766166719343, 0.8331149277245371, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14665600657463074, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.05683588561552803, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.140079975128174, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.025030616667360974, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14884239014682302, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2844800055027008, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027422527011633654, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1642560064792633, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.11740743173044492, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.271360158920288, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.049546423730786784, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04374400153756142, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.19989857744786416, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05510399863123894, 8.317766166719343, 0.0, 8.317766166719343, -0.17032533815239248, 1, 0.0, 0},
+    {1, 4096, 4096, 0.1409280002117157, 0.0, 8.317766166719343, 8.317766166719343, 0.7687015010443946, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14665600657463074, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0017745469617269417, 1, 0.0, 0},
+    {8, 6144, 6144, 0.20577599853277206, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.5153402611732608, 1, 0.0, 0},
+    {4096, 12, 4096, 0.1260479986667633, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.6331430097472669, 1, 0.0, 0},
+    {13, 5000, 3001, 0.10390400141477585, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.5094553133350037, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.140079975128174, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.016834343390042233, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.16035934169141441, 1, 0.0, 0},
 };
 static const Point fp32_1_aligned[] = {
-    {1, 4096, 4096, 0.03657599911093712, 0.0, 8.317766166719343, 8.317766166719343, 0.019810241027386585, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08687999844551086, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.042426311590349444, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07657600194215775, 0.0, 9.306377560173125, 8.317766166719343, 0.043439809903869905, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09097599983215332, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03367285449386223, 1, 0.0, 0},
-    {16, 4096, 4096, 0.05004800111055374, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.04630552685201739, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10268799960613251, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.003599981392780513, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04995200037956238, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.048225542033071965, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06943999975919724, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.012704507765703947, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08064000308513641, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.021581621210082523, 1, 0.0, 0},
-    {5, 4096, 4096, 0.040511999279260635, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.005868894829903769, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08060800284147263, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.09276391276056956, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03657599911093712, 0.0, 8.317766166719343, 8.317766166719343, 0.019500792297319342, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08687999844551086, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.04234213286505144, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07657600194215775, 0.0, 9.306377560173125, 8.317766166719343, 0.043517792462858466, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09097599983215332, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0335488947572074, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05004800111055374, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.04642680222707123, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10268799960613251, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.0034323364850043785, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04995200037956238, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04834681740812578, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06943999975919724, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.012723606659566662, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08064000308513641, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.021597170264716185, 1, 0.0, 0},
+    {5, 4096, 4096, 0.040511999279260635, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.005624753486415882, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08060800284147263, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.09275937595068115, 1, 0.0, 0},
 };
 static const Point fp32_1_unaligned[] = {
-    {4096, 1, 4096, 0.036607999354600906, 8.317766166719343, 0.0, 8.317766166719343, -0.09633098234473443, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04620800167322159, 0.0, 8.317766166719343, 8.317766166719343, 0.1365552190089422, 1, 0.0, 0},
-    {16, 11008, 4096, 0.20339199900627136, 2.772588722239781, 9.306377560173125, 8.317766166719343, 2.2204460492503128e-16, 1, 0.0, 0},
+    {4096, 1, 4096, 0.036607999354600906, 8.317766166719343, 0.0, 8.317766166719343, -0.11007780205374254, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04620800167322159, 0.0, 8.317766166719343, 8.317766166719343, 0.12280839929993391, 1, 0.0, 0},
+    {16, 11008, 4096, 0.20339199900627136, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.1685722318348857, 1, 0.0, 0},
+    {8, 6144, 6144, 0.1459520012140274, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.03857411350540042, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07423999905586243, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.06976093691715171, 1, 0.0, 0},
+    {13, 5000, 3001, 0.09271999821066856, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.22347105873708484, 1, 0.0, 0},
 };
 static const Point fp32_2_aligned[] = {
-    {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03265821560993036, 1, 0.0, 0},
-    {512, 512, 512, 0.02300800010561943, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.025891366870286512, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.038975998759269714, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.035814948395904024, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.143327996134758, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.036197235915967935, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.176144003868103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04674526741920731, 1, 0.0, 0},
-    {8192, 8192, 8192, 8.608575820922852, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.029593719172651686, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5172160267829895, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.013875053993539558, 1, 0.0, 0},
-    {1, 4096, 4096, 0.12982399761676788, 0.0, 8.317766166719343, 8.317766166719343, 0.04293514171952144, 1, 0.0, 0},
-    {16, 8192, 4096, 0.13158400356769562, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.02499731439861467, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2526400089263916, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.040309454823648894, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2520959973335266, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02558412115206916, 1, 0.0, 0},
-    {8192, 128, 8192, 0.25679999589920044, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.007096522076335236, 1, 0.0, 0},
-    {4096, 32, 4096, 0.13126400113105774, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.047765437898882636, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1298080012202263, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.013175101366352105, 1, 0.0, 0},
-    {1, 11008, 4096, 0.13478399813175201, 0.0, 9.306377560173125, 8.317766166719343, 0.03767887378467801, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1329600065946579, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.020443699533730802, 1, 0.0, 0},
-    {16, 4096, 4096, 0.13043199479579926, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.044602356729694564, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13831999897956848, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04164919553808239, 1, 0.0, 0},
-    {4096, 16, 4096, 0.12992000579833984, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.040669299512659685, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13225600123405457, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.033987645197835245, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2540160119533539, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.05649339437477887, 1, 0.0, 0},
-    {5, 4096, 4096, 0.12918399274349213, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03719091959188872, 1, 0.0, 0},
-    {3, 4096, 11008, 0.3331359922885895, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.043948893117395665, 1, 0.0, 0},
-    {4096, 4096, 512, 0.15600000321865082, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.025760401841302908, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.6432160139083862, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.025112989335578668, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3336799889802933, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.028683256829483483, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02067199908196926, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.04695820939454467, 1, 0.0, 0},
-    {16384, 4096, 64, 0.13814400136470795, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.007077268099478447, 1, 0.0, 0},
-    {256, 256, 32768, 0.9972800016403198, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09045470433480328, 1, 0.0, 0},
-    {512, 512, 16384, 0.502623975276947, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.06773071803881611, 1, 0.0, 0},
-    {128, 1024, 65536, 1.959119975566864, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.07057752122207242, 1, 0.0, 0},
-    {64, 64, 131072, 3.9054559469223022, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08308041673076218, 1, 0.0, 0},
-    {384, 384, 24576, 0.7411839962005615, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.06928839711990296, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.0431520342826843, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.016258843588562902, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.4560480117797852, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.03350995082577907, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05967999994754791, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.039544567741921006, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4110880047082901, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03286449271618146, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.109439969062805, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.053561928356507756, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.0136480331420898, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.030660988940837755, 1, 0.0, 0},
-    {512, 512, 512, 0.15798400342464447, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013122645969604468, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.10480000078678131, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.01712838295433186, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.028271999210119247, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36005001384245305, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07718399912118912, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06619072384972506, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08265600353479385, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.026466884139895907, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.1712000072002411, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02395410000130375, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.195360004901886, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06330696607161014, 1, 0.0, 1},
+    {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.033169810506640106, 1, 0.0, 0},
+    {512, 512, 512, 0.02300800010561943, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02680049809038895, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.038975998759269714, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0365120966007876, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.143327996134758, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03630309357098788, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.176144003868103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04658527251813483, 1, 0.0, 0},
+    {8192, 8192, 8192, 8.608575820922852, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.029762715701253675, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5172160267829895, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.01350976506151923, 1, 0.0, 0},
+    {1, 4096, 4096, 0.12982399761676788, 0.0, 8.317766166719343, 8.317766166719343, 0.04112785777704899, 1, 0.0, 0},
+    {16, 8192, 4096, 0.13158400356769562, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.023534569360788377, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2526400089263916, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.03854654869863695, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2520959973335266, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.026661458146926362, 1, 0.0, 0},
+    {8192, 128, 8192, 0.25679999589920044, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.008173859071192443, 1, 0.0, 0},
+    {4096, 32, 4096, 0.13126400113105774, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.046027033222319234, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1298080012202263, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.014375504272061206, 1, 0.0, 0},
+    {1, 11008, 4096, 0.13478399813175201, 0.0, 9.306377560173125, 8.317766166719343, 0.036338005790723236, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1329600065946579, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.01914132279706668, 1, 0.0, 0},
+    {16, 4096, 4096, 0.13043199479579926, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04282850754425652, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13831999897956848, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.040540002666654466, 1, 0.0, 0},
+    {4096, 16, 4096, 0.12992000579833984, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.038895450327221685, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13225600123405457, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.032482731427921206, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2540160119533539, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.05461051611812883, 1, 0.0, 0},
+    {5, 4096, 4096, 0.12918399274349213, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03539257113730832, 1, 0.0, 0},
+    {3, 4096, 11008, 0.3331359922885895, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.042017867263269885, 1, 0.0, 0},
+    {4096, 4096, 512, 0.15600000321865082, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.025845991974826135, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.6432160139083862, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.02502084570714825, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3336799889802933, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.028768506237647137, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02067199908196926, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.04728709644133318, 1, 0.0, 0},
+    {16384, 4096, 64, 0.13814400136470795, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.007123009664108216, 1, 0.0, 0},
+    {256, 256, 32768, 0.9972800016403198, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.08822423382352007, 1, 0.0, 0},
+    {512, 512, 16384, 0.502623975276947, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.06576609887317648, 1, 0.0, 0},
+    {128, 1024, 65536, 1.959119975566864, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.0684125361544787, 1, 0.0, 0},
+    {64, 64, 131072, 3.9054559469223022, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0807545304145774, 1, 0.0, 0},
+    {384, 384, 24576, 0.7411839962005615, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0671682259324358, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.0431520342826843, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.015310912916152178, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.4560480117797852, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.03464556367572641, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05967999994754791, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03964960912032196, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4110880047082901, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03315052337848698, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.109439969062805, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.053438505188347855, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.0136480331420898, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.03050206958275364, 1, 0.0, 0},
+    {512, 512, 512, 0.15798400342464447, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013208236103127706, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.10480000078678131, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.017120342568158104, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.028271999210119247, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3603789008892415, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07718399912118912, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06628460984535528, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08265600353479385, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.026055998902922334, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.1712000072002411, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02401678709490457, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.195360004901886, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06314358806651535, 1, 0.0, 1},
 };
 static const Point fp32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.2850399911403656, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.044402872485726684, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1658560037612915, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.1007738324168309, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.931504011154175, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.021517343563572867, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04294399917125702, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09412791528191049, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13353599607944489, 8.317766166719343, 0.0, 8.317766166719343, 0.19552721820296187, 1, 0.0, 0},
-    {1, 4096, 4096, 0.13963200151920319, 0.0, 8.317766166719343, 8.317766166719343, 0.24016654445436297, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1486400067806244, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.03867529332228338, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.130303978919983, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.005532545656960753, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04476799815893173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.111493926015093, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2850399911403656, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.05651463329932128, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1658560037612915, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.09371336055876016, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.931504011154175, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02476636437265593, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04294399917125702, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.07915780809033261, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13353599607944489, 8.317766166719343, 0.0, 8.317766166719343, 0.08978071675003835, 1, 0.0, 0},
+    {1, 4096, 4096, 0.13963200151920319, 0.0, 8.317766166719343, 8.317766166719343, 0.13442004300143923, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1486400067806244, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09246975192381084, 1, 0.0, 0},
+    {8, 6144, 6144, 0.20206400007009506, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.01880610876903429, 1, 0.0, 0},
+    {4096, 12, 4096, 0.12460800260305405, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.006373881597136571, 1, 0.0, 0},
+    {13, 5000, 3001, 0.10294400155544281, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06890715345440981, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.130303978919983, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007884305642258975, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04476799815893173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10506376097505006, 1, 0.0, 0},
 };
 static const Point fp32_3_aligned[] = {
-    {256, 256, 256, 0.009759999811649323, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07177341664604245, 1, 0.0, 0},
-    {512, 512, 512, 0.0122079998254776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03344948202108165, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.045552000403404236, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02912909937863556, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2782079875469208, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08757544144002975, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.117103934288025, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06198778693195295, 1, 0.0, 0},
-    {8192, 8192, 8192, 17.307744026184082, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.00509436145641154, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.8306719958782196, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.09121929129559418, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04707200080156326, 0.0, 8.317766166719343, 8.317766166719343, 0.10120472320375552, 1, 0.0, 0},
-    {16, 8192, 4096, 0.0814720019698143, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04117415321258424, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0764480009675026, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0037235671843680743, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2720479965209961, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.050859640250061, 1, 0.0, 0},
-    {8192, 128, 8192, 0.2510560005903244, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.1311621246089143, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04708800092339516, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10154457285738301, 1, 0.0, 0},
-    {80, 8192, 4096, 0.15084800124168396, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009148262799882156, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12595200538635254, 0.0, 9.306377560173125, 8.317766166719343, 0.10119534242667974, 1, 0.0, 0},
-    {8, 11008, 4096, 0.11390400305390358, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.000650432844548821, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04713600128889084, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10256342938058277, 1, 0.0, 0},
-    {4, 14336, 4096, 0.15591999888420105, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0422185952979359, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0469760000705719, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09916319625062456, 1, 0.0, 0},
-    {6, 8192, 4096, 0.088639996945858, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.12549791464323623, 1, 0.0, 0},
-    {12, 4096, 8192, 0.07736000046133995, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.008135506125122887, 1, 0.0, 0},
-    {5, 4096, 4096, 0.046879999339580536, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09711749293758862, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10712000355124474, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06638076341179046, 1, 0.0, 0},
-    {4096, 4096, 512, 0.4280160069465637, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.15200386309965133, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3849120140075684, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.013055335804116852, 1, 0.0, 0},
-    {8192, 8192, 256, 1.2423039674758911, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.32160065779816555, 1, 0.0, 0},
-    {2048, 2048, 128, 0.07142399996519089, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.41358072149713476, 1, 0.0, 0},
-    {16384, 4096, 64, 0.9625760018825531, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.651868452831479, 1, 0.0, 0},
-    {256, 256, 32768, 0.22438399493694305, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.22814026025315004, 1, 0.0, 0},
-    {512, 512, 16384, 0.12270400300621986, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16776616390711474, 1, 0.0, 0},
-    {128, 1024, 65536, 0.4575359970331192, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.19387026957820985, 1, 0.0, 0},
-    {64, 64, 131072, 0.8860480189323425, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.21855731828688962, 1, 0.0, 0},
-    {384, 384, 24576, 0.1762559935450554, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19170429809293826, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1642560362815857, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17657331673269766, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.4297919869422913, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1456197019701111, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13787200301885605, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09923149676610261, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7500159740447998, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0700978480925736, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.12719988822937, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.027750521270197646, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.9518559575080872, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.007899904736829754, 1, 0.0, 0},
-    {512, 512, 512, 0.4419200122356415, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.18397216671772088, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.5522239804267883, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5393764475656774, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.0838719978928566, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5742385766833743, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5301439762115479, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.7309948649185551, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1316480040550232, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2898815152336397, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.630048006772995, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.32424521478927937, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.191327929496765, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.02752915239432081, 1, 0.0, 1},
+    {256, 256, 256, 0.009759999811649323, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07317633238112435, 1, 0.0, 0},
+    {512, 512, 512, 0.0122079998254776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03432519924964963, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.045552000403404236, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02987008846697151, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2782079875469208, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08732674679628553, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.117103934288025, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06104448700608564, 1, 0.0, 0},
+    {8192, 8192, 8192, 17.307744026184082, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0037733391009577696, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.8306719958782196, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.09053776228218503, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04707200080156326, 0.0, 8.317766166719343, 8.317766166719343, 0.10215047907576591, 1, 0.0, 0},
+    {16, 8192, 4096, 0.0814720019698143, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04211876787901277, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0764480009675026, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.002434985968779945, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2720479965209961, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04954720932257096, 1, 0.0, 0},
+    {8192, 128, 8192, 0.2510560005903244, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.12984969368142413, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04708800092339516, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1024903287293933, 1, 0.0, 0},
+    {80, 8192, 4096, 0.15084800124168396, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.010092227879827158, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12595200538635254, 0.0, 9.306377560173125, 8.317766166719343, 0.10213953059506325, 1, 0.0, 0},
+    {8, 11008, 4096, 0.11390400305390358, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.001594621012932444, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04713600128889084, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10350918525259296, 1, 0.0, 0},
+    {4, 14336, 4096, 0.15591999888420105, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.043162560377880785, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0469760000705719, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.10010895212263494, 1, 0.0, 0},
+    {6, 8192, 4096, 0.088639996945858, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.12644252930966463, 1, 0.0, 0},
+    {12, 4096, 8192, 0.07736000046133995, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.00942408734071116, 1, 0.0, 0},
+    {5, 4096, 4096, 0.046879999339580536, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09806324880959881, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10712000355124474, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06776939299788431, 1, 0.0, 0},
+    {4096, 4096, 512, 0.4280160069465637, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.14899886042385105, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3849120140075684, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.012031630364246634, 1, 0.0, 0},
+    {8192, 8192, 256, 1.2423039674758911, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.31572813307684716, 1, 0.0, 0},
+    {2048, 2048, 128, 0.07142399996519089, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.4059039450013026, 1, 0.0, 0},
+    {16384, 4096, 64, 0.9625760018825531, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.639999404933135, 1, 0.0, 0},
+    {256, 256, 32768, 0.22438399493694305, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2265411486404892, 1, 0.0, 0},
+    {512, 512, 16384, 0.12270400300621986, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16627652885064675, 1, 0.0, 0},
+    {128, 1024, 65536, 0.4575359970331192, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1922139463893608, 1, 0.0, 0},
+    {64, 64, 131072, 0.8860480189323425, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2168717381432384, 1, 0.0, 0},
+    {384, 384, 24576, 0.1762559935450554, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19014239354951723, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1642560362815857, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1750599499851251, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.4297919869422913, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.14397415049921916, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13787200301885605, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09760303066914344, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7500159740447998, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.06985942138551209, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.12719988822937, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.028693791788450107, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.9518559575080872, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006956597958479273, 1, 0.0, 0},
+    {512, 512, 512, 0.4419200122356415, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.18096716404192054, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.5522239804267883, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5304458622369752, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.0838719978928566, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5665618001875422, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5301439762115479, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.719297351902364, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1316480040550232, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.28708313321453804, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.630048006772995, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.3184240170055836, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.191327929496765, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.02658585246845347, 1, 0.0, 1},
 };
 static const Point fp32_3_unaligned[] = {
-    {2047, 2047, 2047, 0.3227680027484894, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04663939016317714, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16990400105714798, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07678786505849167, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.290575981140137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.013287215994395056, 1, 0.0, 0},
-    {127, 4099, 1023, 0.036320000886917114, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.01558836814166229, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04713600128889084, 8.317766166719343, 0.0, 8.317766166719343, -0.08081772492837859, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07619199901819229, 0.0, 8.317766166719343, 8.317766166719343, 0.39940166486579964, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14974399656057358, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.17120461877870918, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.222864031791687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06768338645198235, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05915199965238571, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.017838474986199806, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3227680027484894, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.030143122474753363, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.16990400105714798, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.09100347642698617, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.290575981140137, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0024304410581964565, 1, 0.0, 0},
+    {127, 4099, 1023, 0.036320000886917114, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.02648619380625665, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04713600128889084, 8.317766166719343, 0.0, 8.317766166719343, -0.05663299710231785, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07619199901819229, 0.0, 8.317766166719343, 8.317766166719343, 0.42358639269186055, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14974399656057358, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.21267468202650067, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11366400122642517, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.027874148454343783, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07363200187683105, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.38394750315419207, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06249599903821945, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.07421548556139418, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.222864031791687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05247273019775476, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05915199965238571, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.014821231190571741, 1, 0.0, 0},
 };
 static const Point fp32_4_aligned[] = {
-    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2503437799635847, 1, 0.0, 0},
-    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09337924077361691, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01861458722129511, 1, 0.0, 0},
-    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.10983219829132698, 1, 0.0, 0},
-    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.317411424898428, 1, 0.0, 0},
-    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.2579779661377286, 1, 0.0, 0},
-    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.1626116054104582, 1, 0.0, 0},
-    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.07653699930753266, 1, 0.0, 0},
-    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.13689420355896395, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16738458991100683, 1, 0.0, 0},
-    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1401433914837728, 1, 0.0, 0},
-    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.14623319236337823, 1, 0.0, 0},
-    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.0016322173961773453, 1, 0.0, 0},
-    {80, 8192, 4096, 0.7481279969215393, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1596642529139133, 1, 0.0, 0},
-    {1, 11008, 4096, 0.41547200083732605, 0.0, 9.306377560173125, 8.317766166719343, 0.015318719058929588, 1, 0.0, 0},
-    {8, 11008, 4096, 0.4232960045337677, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02156418246334684, 1, 0.0, 0},
-    {16, 4096, 4096, 0.18960000574588776, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07008771523220018, 1, 0.0, 0},
-    {4, 14336, 4096, 0.538351982831955, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.019864484926849536, 1, 0.0, 0},
-    {4096, 16, 4096, 0.17372800409793854, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.017338023582751057, 1, 0.0, 0},
-    {6, 8192, 4096, 0.31331199407577515, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.009479100437784736, 1, 0.0, 0},
-    {12, 4096, 8192, 0.21052800118923187, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.09535736223362434, 1, 0.0, 0},
-    {5, 4096, 4096, 0.15833599865436554, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0930629825563264, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1947679966688156, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.0093212278845034, 1, 0.0, 0},
-    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.2871988354152743, 1, 0.0, 0},
-    {5120, 7168, 1024, 26.56716823577881, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.3148316349323025, 1, 0.0, 0},
-    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.2946247626239437, 1, 0.0, 0},
-    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.034444780275960846, 1, 0.0, 0},
-    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2811865199150917, 1, 0.0, 0},
-    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06808259000489135, 1, 0.0, 0},
-    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.026188658924447706, 1, 0.0, 0},
-    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.015658166745794195, 1, 0.0, 0},
-    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.004896271190789573, 1, 0.0, 0},
-    {384, 384, 24576, 0.19236800074577332, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.004575576706846535, 1, 0.0, 0},
-    {1280, 1920, 16384, 2.483791947364807, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.09609364138110214, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.855184018611908, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.01516395445682483, 1, 0.0, 0},
-    {1536, 2560, 768, 2.193951964378357, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.05356407796340097, 1, 0.0, 0},
-    {2048, 5632, 2048, 7.59768009185791, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.1705847281920796, 1, 0.0, 0},
-    {4096, 11008, 4096, 39.369184494018555, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.3687295009597968, 1, 0.0, 0},
-    {1024, 14336, 4096, 13.190688133239746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.3950425320730894, 1, 0.0, 0},
-    {512, 512, 512, 11.522559642791748, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.28453628855195007, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 22.32022476196289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.272795378511203, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 2.2596160173416138, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.049756904016789893, 256, 5.545177444479562, 0},
-    {512, 512, 64, 22.186671257019043, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.26991120717967976, 128, 4.852030263919617, 0},
-    {512, 64, 512, 2.3452320098876953, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.0686657623268785, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 22.59183979034424, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.27868530066171093, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5026857505510095, 1, 0.0, 1},
+    {1, 4096, 4096, 0.0414079986512661, 0.0, 8.317766166719343, 8.317766166719343, 0.019141407948241335, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06753600016236305, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0017847071667754723, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08689599856734276, 0.0, 9.306377560173125, 8.317766166719343, -0.007944427852604545, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08799999952316284, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.004680396401541715, 1, 0.0, 0},
+    {16, 4096, 4096, 0.03995199874043465, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.016653956347923334, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11091200262308121, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.00211518261267076, 1, 0.0, 0},
+    {4096, 16, 4096, 0.039792001247406006, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.020666739949165062, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06787200272083282, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0031781198589631173, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06472000107169151, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.02954821781885686, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04182400181889534, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0291377225727092, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08824000135064125, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.02351353213603946, 1, 0.0, 0},
 };
 static const Point fp32_4_unaligned[] = {
-    {2047, 2047, 2047, 3.2127360105514526, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03711371475018326, 1, 0.0, 0},
-    {1531, 1531, 1531, 1.8481119871139526, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.023053461827621066, 1, 0.0, 0},
-    {5003, 5003, 5003, 24.675856590270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.007855933938722342, 1, 0.0, 0},
-    {127, 4099, 1023, 0.4060800075531006, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.03495432338513241, 1, 0.0, 0},
-    {4096, 1, 4096, 0.17049600183963776, 8.317766166719343, 0.0, 8.317766166719343, 0.31870243599245945, 1, 0.0, 0},
-    {1, 4096, 4096, 0.12038400024175644, 0.0, 8.317766166719343, 8.317766166719343, -0.029322775148496627, 1, 0.0, 0},
-    {16, 11008, 4096, 0.3600800037384033, 2.772588722239781, 9.306377560173125, 8.317766166719343, -4.570509205566049e-05, 1, 0.0, 0},
-    {4096, 4096, 4096, 15.913887977600098, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.023754444729089722, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.8340480029582977, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04675414318427185, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04137599840760231, 8.317766166719343, 0.0, 8.317766166719343, -0.11902346100142291, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04188799858093262, 0.0, 8.317766166719343, 8.317766166719343, -0.10672506925501629, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11311999708414078, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03867316159188439, 1, 0.0, 0},
+    {8, 6144, 6144, 0.09267199784517288, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.0030202274935093388, 1, 0.0, 0},
+    {4096, 12, 4096, 0.04667200148105621, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.0014200197538112907, 1, 0.0, 0},
+    {13, 5000, 3001, 0.0650240033864975, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.42705805497138305, 1, 0.0, 0},
 };
 static const Point fp32_5_aligned[] = {
-    {256, 256, 256, 0.014368000440299511, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03665913796875502, 1, 0.0, 0},
-    {512, 512, 512, 0.01692800037562847, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013400484103356876, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.0359519999474287, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.023519252801775928, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.19070400297641754, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.041697690216129235, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.3055520057678223, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03993017527915526, 1, 0.0, 0},
-    {8192, 8192, 8192, 10.142144203186035, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.02595925628936842, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5913439989089966, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.014952637199087598, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04899200052022934, 0.0, 8.317766166719343, 8.317766166719343, 0.03500642651333955, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08835200220346451, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0047329887546142015, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.04102816823021816, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16390399634838104, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.005266999592315635, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1629120036959648, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.011337667483560614, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05023999884724617, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.049355533532853185, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09009600058197975, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.00043426456597631336, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12801600247621536, 0.0, 9.306377560173125, 8.317766166719343, 0.008756189689409081, 1, 0.0, 0},
-    {8, 11008, 4096, 0.12563200294971466, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.012496772817980178, 1, 0.0, 0},
-    {16, 4096, 4096, 0.050175998359918594, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0536432065261965, 1, 0.0, 0},
-    {4, 14336, 4096, 0.16713599860668182, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0019891565652919497, 1, 0.0, 0},
-    {4096, 16, 4096, 0.10409599915146828, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.7834199566243323, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09275199845433235, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0571111620871431, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08180799707770348, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.003885076641714825, 1, 0.0, 0},
-    {5, 4096, 4096, 0.048128001391887665, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.015812735160798546, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1019200012087822, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.034889440959500986, 1, 0.0, 0},
-    {4096, 4096, 512, 0.34491199254989624, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.029033522008607447, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0179679989814758, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.0011694644288560724, 1, 0.0, 0},
-    {8192, 8192, 256, 1.1574400067329407, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.14314605764582772, 1, 0.0, 0},
-    {2048, 2048, 128, 0.07760000228881836, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.22892823229587214, 1, 0.0, 0},
-    {16384, 4096, 64, 0.9899839758872986, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.15084372118876274, 1, 0.0, 0},
-    {256, 256, 32768, 0.2575039863586426, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0680139822944994, 1, 0.0, 0},
-    {512, 512, 16384, 0.1369599997997284, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.09497532213496093, 1, 0.0, 0},
-    {128, 1024, 65536, 0.5080000162124634, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07376815662732533, 1, 0.0, 0},
-    {64, 64, 131072, 0.990447998046875, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.05753022580729666, 1, 0.0, 0},
-    {384, 384, 24576, 0.19622400403022766, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08630851917034872, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.762607991695404, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.0015056354073373908, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8856320083141327, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.011617475260200771, 1, 0.0, 0},
-    {1536, 2560, 768, 0.10867200046777725, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.015274130552603009, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5288640260696411, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.010054721904560412, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.8137600421905518, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0678684356929774, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.2292159795761108, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.032597646777160455, 1, 0.0, 0},
-    {512, 512, 512, 0.3686880022287369, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09569499554702746, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.5577920079231262, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2443754527242829, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.08659200370311737, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33856825092506065, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5180000066757202, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1801271485397969, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.19012799859046936, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.11787678840002605, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.5869599878787994, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.14256693555455616, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.344319999217987, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.010472663716013124, 1, 0.0, 1},
+    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2519004689546826, 1, 0.0, 0},
+    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09588845768423891, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.015702434699373526, 1, 0.0, 0},
+    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.10694348967076842, 1, 0.0, 0},
+    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.3147857869328496, 1, 0.0, 0},
+    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.2558069979600139, 1, 0.0, 0},
+    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.15987800412741787, 1, 0.0, 0},
+    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.07343682662805916, 1, 0.0, 0},
+    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.13878944284241312, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.165585265824188, 1, 0.0, 0},
+    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.13807263622785654, 1, 0.0, 0},
+    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.144162437107462, 1, 0.0, 0},
+    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.002030938223997031, 1, 0.0, 0},
+    {80, 8192, 4096, 0.7481279969215393, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.15931005271026172, 1, 0.0, 0},
+    {1, 11008, 4096, 0.41547200083732605, 0.0, 9.306377560173125, 8.317766166719343, 0.018771256831687344, 1, 0.0, 0},
+    {8, 11008, 4096, 0.4232960045337677, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02429469022597202, 1, 0.0, 0},
+    {16, 4096, 4096, 0.18960000574588776, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07184768539540941, 1, 0.0, 0},
+    {4, 14336, 4096, 0.538351982831955, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.023058696121990484, 1, 0.0, 0},
+    {4096, 16, 4096, 0.17372800409793854, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.015578053419542043, 1, 0.0, 0},
+    {6, 8192, 4096, 0.31331199407577515, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.0066059446658297254, 1, 0.0, 0},
+    {12, 4096, 8192, 0.21052800118923187, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.09734365739032116, 1, 0.0, 0},
+    {5, 4096, 4096, 0.15833599865436554, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0903265192278848, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1947679966688156, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.006680241034335237, 1, 0.0, 0},
+    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.28402483953831603, 1, 0.0, 0},
+    {5120, 7168, 1024, 26.56716823577881, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.31174149077705515, 1, 0.0, 0},
+    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.2913956103390955, 1, 0.0, 0},
+    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.031235722316202006, 1, 0.0, 0},
+    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.27792162569671625, 1, 0.0, 0},
+    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06867306282168227, 1, 0.0, 0},
+    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.024858540238287614, 1, 0.0, 0},
+    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.015402101764644571, 1, 0.0, 0},
+    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.005012866938448823, 1, 0.0, 0},
+    {384, 384, 24576, 0.19236800074577332, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.005537248092902527, 1, 0.0, 0},
+    {1280, 1920, 16384, 2.483791947364807, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.09455908822962533, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.855184018611908, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.014632927763384526, 1, 0.0, 0},
+    {1536, 2560, 768, 2.193951964378357, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.05047149104299872, 1, 0.0, 0},
+    {2048, 5632, 2048, 7.59768009185791, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.16767206494136996, 1, 0.0, 0},
+    {4096, 11008, 4096, 39.369184494018555, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.3660989117222506, 1, 0.0, 0},
+    {1024, 14336, 4096, 13.190688133239746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.39241882907542336, 1, 0.0, 0},
+    {512, 512, 512, 11.522559642791748, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2813622926749915, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 22.32022476196289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2695454313369683, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 2.2596160173416138, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.046547846057031224, 256, 5.545177444479562, 0},
+    {512, 512, 64, 22.186671257019043, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.26664929167177925, 128, 4.852030263919617, 0},
+    {512, 64, 512, 2.3452320098876953, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06552540796610322, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 22.59183979034424, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.27545906845432083, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5000707517294893, 1, 0.0, 1},
 };
 static const Point fp32_5_unaligned[] = {
-    {2047, 2047, 2047, 0.355679988861084, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01795087394122501, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1804479956626892, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.017720712455066876, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.491679906845093, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.05033336705223734, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04428799822926521, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.005477526999680657, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04923199862241745, 8.317766166719343, 0.0, 8.317766166719343, -0.02994607601487657, 1, 0.0, 0},
-    {1, 4096, 4096, 0.051711998879909515, 0.0, 8.317766166719343, 8.317766166719343, 0.019199974625348133, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12464000284671783, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0008245568008751118, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.277232050895691, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04142537769843347, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.006603213550257713, 1, 0.0, 0},
+    {2047, 2047, 2047, 3.2127360105514526, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07553920216810367, 1, 0.0, 0},
+    {1531, 1531, 1531, 1.8481119871139526, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.10854596430565336, 1, 0.0, 0},
+    {5003, 5003, 5003, 24.675856590270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.24292374106306372, 1, 0.0, 0},
+    {127, 4099, 1023, 0.4060800075531006, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.04702479188462789, 1, 0.0, 0},
+    {4096, 1, 4096, 0.17049600183963776, 8.317766166719343, 0.0, 8.317766166719343, 0.37744761293084234, 1, 0.0, 0},
+    {1, 4096, 4096, 0.12038400024175644, 0.0, 8.317766166719343, 8.317766166719343, 0.029422401789886265, 1, 0.0, 0},
+    {16, 11008, 4096, 0.3600800037384033, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07499888304146486, 1, 0.0, 0},
+    {8, 6144, 6144, 0.18595199286937714, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.01265071531514608, 1, 0.0, 0},
+    {4096, 12, 4096, 0.234095998108387, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.5462398622871449, 1, 0.0, 0},
+    {13, 5000, 3001, 0.15163200348615646, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.03730547718213282, 1, 0.0, 0},
+    {4096, 4096, 4096, 15.913887977600098, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.23768505242819393, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.8340480029582977, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.11378541276067594, 1, 0.0, 0},
 };
 static const Point fp32_6_aligned[] = {
-    {256, 256, 256, 0.0225600004196167, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.1244721898103258, 1, 0.0, 0},
-    {512, 512, 512, 0.017952000722289085, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1732721899015203, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05273599922657013, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.023781312814926445, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2561440020799637, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03146602296451201, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6829599738121033, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01963833264374552, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.569407939910889, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08909360464088996, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.7284160256385803, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04302904774554682, 1, 0.0, 0},
-    {1, 4096, 4096, 0.049855999648571014, 0.0, 8.317766166719343, 8.317766166719343, 0.18985636553770444, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07310399785637856, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.06899950042649634, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07215999811887741, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1193076552124207, 1, 0.0, 0},
-    {128, 8192, 8192, 0.21356799453496933, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.000767299359506489, 1, 0.0, 0},
-    {8192, 128, 8192, 0.21359999477863312, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0009171244612189514, 1, 0.0, 0},
-    {4096, 32, 4096, 0.06470400094985962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.052202171613698854, 1, 0.0, 0},
-    {80, 8192, 4096, 0.11948800086975098, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.022937977038809322, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0936959981918335, 0.0, 9.306377560173125, 8.317766166719343, -0.015545455104625626, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09468799829483032, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.005134215467518138, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04342399910092354, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05150798672169628, 1, 0.0, 0},
-    {4, 14336, 4096, 0.12124799937009811, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.007267953482527235, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06883200258016586, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.00992985980693401, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06947200000286102, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.018218999872945774, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06777600198984146, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.05762069381572442, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04131200164556503, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0018114257409864915, 1, 0.0, 0},
-    {3, 4096, 11008, 0.0828159973025322, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.039609708167214985, 1, 0.0, 0},
-    {4096, 4096, 512, 0.46404799818992615, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.006660668020215158, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3932960033416748, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.019946087272965207, 1, 0.0, 0},
-    {8192, 8192, 256, 1.6441439986228943, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1427399871145592, 1, 0.0, 0},
-    {2048, 2048, 128, 0.10372800007462502, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10330477472025935, 1, 0.0, 0},
-    {16384, 4096, 64, 1.5479360222816467, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.21557565785190172, 1, 0.0, 0},
-    {256, 256, 32768, 0.1796480044722557, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1071667567043777, 1, 0.0, 0},
-    {512, 512, 16384, 0.10063999891281128, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08516971246774, 1, 0.0, 0},
-    {128, 1024, 65536, 0.35420800745487213, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07528995469035317, 1, 0.0, 0},
-    {64, 64, 131072, 0.655536025762558, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12593526399962776, 1, 0.0, 0},
-    {384, 384, 24576, 0.14043200016021729, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09755478910817973, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8768160045146942, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.098166691177613, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1231840252876282, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0009537363960046986, 1, 0.0, 0},
-    {1536, 2560, 768, 0.14655999839305878, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0318759305652285, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6803200244903564, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.008883342557634689, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.253744125366211, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.14901544066122907, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.8232640027999878, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.1950198797938032, 1, 0.0, 0},
-    {512, 512, 512, 0.5012319982051849, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0837417409398648, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.8083039820194244, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2433355254827095, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.11047999933362007, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16636718863754707, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.8146400153636932, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2515132080550432, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.20926400274038315, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.1411772528075151, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.8717760145664215, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.18756814974916067, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7846239805221558, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03902379565734975, 1, 0.0, 1},
+    {256, 256, 256, 0.014720000326633453, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.01822601083698657, 1, 0.0, 0},
+    {512, 512, 512, 0.0191040001809597, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.01144164447945761, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.030848000198602676, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.009983446868600558, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1695680022239685, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.051927697962930154, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2813600301742554, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0023150505548886553, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.747951984405518, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.006080971789300975, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5409600138664246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.01081419054866726, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07420799881219864, 0.0, 8.317766166719343, 8.317766166719343, -0.006727593268076696, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07947200164198875, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.007356200686280216, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1391039937734604, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.01913295329521658, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15783999860286713, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.006744907347332521, 1, 0.0, 0},
+    {8192, 128, 8192, 0.15724800527095795, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010502549791370561, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07428799942135811, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.017923339631501892, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08240000158548355, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.00362027578784221, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1475200057029724, 0.0, 9.306377560173125, 8.317766166719343, 0.010078872498438966, 1, 0.0, 0},
+    {8, 11008, 4096, 0.14483200013637543, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.012136774417057282, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07587199658155441, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.009490657561425538, 1, 0.0, 0},
+    {4, 14336, 4096, 0.15959999710321426, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.06856020825162318, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07518399879336357, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.00038141904520940445, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07996799796819687, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.021151359744947543, 1, 0.0, 0},
+    {12, 4096, 8192, 0.13831999897956848, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.004328198332636882, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07446400076150894, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.004875872858009766, 1, 0.0, 0},
+    {3, 4096, 11008, 0.17932799458503723, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.01580939271295264, 1, 0.0, 0},
+    {4096, 4096, 512, 0.24380800127983093, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05423735418739634, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8553119897842407, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0016610023368078767, 1, 0.0, 0},
+    {8192, 8192, 256, 0.7175680100917816, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.010558887123453937, 1, 0.0, 0},
+    {2048, 2048, 128, 0.04531199857592583, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09828883600290012, 1, 0.0, 0},
+    {16384, 4096, 64, 0.5498400032520294, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.10952078376906743, 1, 0.0, 0},
+    {256, 256, 32768, 0.5083839893341064, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.01613400345896836, 1, 0.0, 0},
+    {512, 512, 16384, 0.2574400007724762, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.03154178177955054, 1, 0.0, 0},
+    {128, 1024, 65536, 0.9927359819412231, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.009713908813242982, 1, 0.0, 0},
+    {64, 64, 131072, 1.997040033340454, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.02660478471050398, 1, 0.0, 0},
+    {384, 384, 24576, 0.38014400005340576, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.010543033760363392, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8261759877204895, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.052410116041594755, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8993119895458221, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.007679774582999815, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09366399794816971, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08503036028237848, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4699519872665405, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.023861260174552566, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.6158559322357178, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06853643584939678, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1770400404930115, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0456702758327949, 1, 0.0, 0},
+    {512, 512, 512, 0.24798399955034256, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0372541635858917, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.32236799597740173, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.10892569181415904, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.05350400134921074, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2644734120390798, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.3012959957122803, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1769889506731384, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.13264000415802002, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06857665579153334, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.3580799996852875, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012132980967170477, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.2951840162277222, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.008759508283780587, 1, 0.0, 1},
 };
 static const Point fp32_6_unaligned[] = {
-    {2047, 2047, 2047, 0.35156799852848053, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.020450096387499835, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.17932799458503723, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03435760228089443, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.412655830383301, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.01661235125075784, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04297599941492081, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.015268342890479888, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07051200047135353, 8.317766166719343, 0.0, 8.317766166719343, -0.11010498481555336, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05129599943757057, 0.0, 8.317766166719343, 8.317766166719343, 0.00856536862276991, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12363200262188911, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03669528189601873, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.294895887374878, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03368092682716211, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06988800317049026, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.008818815072804659, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3137440085411072, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.043113434302145114, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1663680002093315, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.025435936675889222, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.382032155990601, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.029921402212107918, 1, 0.0, 0},
+    {127, 4099, 1023, 0.035711999982595444, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.04530295189414315, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07574400305747986, 8.317766166719343, 0.0, 8.317766166719343, 0.07898583478721348, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07711999863386154, 0.0, 8.317766166719343, 8.317766166719343, 0.09698919367751219, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1507359966635704, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.037345800307624244, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11484800279140472, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.052523991747067456, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07340800017118454, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.01121874639797426, 1, 0.0, 0},
+    {13, 5000, 3001, 0.0631519965827465, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.04851323260986734, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.317344069480896, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0018321507539531578, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.059696000069379807, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.058536569933717454, 1, 0.0, 0},
 };
 static const Point fp32_7_aligned[] = {
-    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.20894698134258385, 1, 0.0, 0},
-    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09768711451328942, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.1457874893925225, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.060321280253297804, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07418864437610692, 1, 0.0, 0},
-    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.02329824593736615, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.01465626735103374, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.0008153249543882829, 1, 0.0, 0},
-    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.00671311406198288, 1, 0.0, 0},
-    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03563691797116894, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0052501436584076995, 1, 0.0, 0},
-    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010009143597117062, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.046460169806729665, 1, 0.0, 0},
-    {80, 8192, 4096, 0.16672000288963318, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.005107075175322201, 1, 0.0, 0},
-    {1, 11008, 4096, 0.15865600109100342, 0.0, 9.306377560173125, 8.317766166719343, 0.017601151653869534, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1595359966158867, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.011342541051337432, 1, 0.0, 0},
-    {16, 4096, 4096, 0.0759039968252182, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05727600376615114, 1, 0.0, 0},
-    {4, 14336, 4096, 0.20147199928760529, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.02319208164827063, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07286400347948074, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.01640139929163693, 1, 0.0, 0},
-    {6, 8192, 4096, 0.12031999975442886, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03460679152213688, 1, 0.0, 0},
-    {12, 4096, 8192, 0.10688000172376633, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03208824026444803, 1, 0.0, 0},
-    {5, 4096, 4096, 0.0695360004901886, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.015281264568536781, 1, 0.0, 0},
-    {3, 4096, 11008, 0.12505599856376648, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0016854327556589535, 1, 0.0, 0},
-    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.43224632884890307, 1, 0.0, 0},
-    {5120, 7168, 1024, 6.7358880043029785, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.4232693575869679, 1, 0.0, 0},
-    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.44457442364034494, 1, 0.0, 0},
-    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11869079832277488, 1, 0.0, 0},
-    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4544202859226316, 1, 0.0, 0},
-    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.007582508858501115, 1, 0.0, 0},
-    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.010673006525184029, 1, 0.0, 0},
-    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.008591599400788564, 1, 0.0, 0},
-    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0022742433263355276, 1, 0.0, 0},
-    {384, 384, 24576, 0.10732799768447876, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.009705196733747787, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9260640144348145, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.025167446159603465, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.0524320006370544, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.046180195386277934, 1, 0.0, 0},
-    {1536, 2560, 768, 0.5644640028476715, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.15616430714415644, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.858303964138031, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.1538198080358152, 1, 0.0, 0},
-    {4096, 11008, 4096, 8.453775882720947, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08880506144449639, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.889039993286133, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.13252660828651353, 1, 0.0, 0},
-    {512, 512, 512, 3.079584002494812, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.43605671434250026, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 6.101775884628296, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.44364579858173797, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.5951359868049622, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16637390854133968, 256, 5.545177444479562, 0},
-    {512, 512, 64, 6.131088018417358, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4505849953424966, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.6523360013961792, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.12017682212387007, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 5.969056129455566, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.4173748726717202, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3154085373688731, 1, 0.0, 1},
+    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.21044820527435554, 1, 0.0, 0},
+    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09837128214833687, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.14593311053831612, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.06024151452338085, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07401795163582822, 1, 0.0, 0},
+    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.023085756897596194, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.014723600258388116, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, 0.0015228311632087836, 1, 0.0, 0},
+    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.008637194828353338, 1, 0.0, 0},
+    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.034918934187920796, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.005201768055551142, 1, 0.0, 0},
+    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01005751919997358, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04484243965651418, 1, 0.0, 0},
+    {80, 8192, 4096, 0.16672000288963318, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.004445160125620135, 1, 0.0, 0},
+    {1, 11008, 4096, 0.15865600109100342, 0.0, 9.306377560173125, 8.317766166719343, 0.019920741372114515, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1595359966158867, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.009229185565565708, 1, 0.0, 0},
+    {16, 4096, 4096, 0.0759039968252182, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05924288533379874, 1, 0.0, 0},
+    {4, 14336, 4096, 0.20147199928760529, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.020953486697948037, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07286400347948074, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.018368280859284363, 1, 0.0, 0},
+    {6, 8192, 4096, 0.12031999975442886, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03241718510014306, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10688000172376633, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.033530619428644486, 1, 0.0, 0},
+    {5, 4096, 4096, 0.0695360004901886, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.017515777946575942, 1, 0.0, 0},
+    {3, 4096, 11008, 0.12505599856376648, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0030061964299235083, 1, 0.0, 0},
+    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.4321804811981579, 1, 0.0, 0},
+    {5120, 7168, 1024, 6.7358880043029785, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.4231342795770239, 1, 0.0, 0},
+    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.4445200833594102, 1, 0.0, 0},
+    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11874007282826483, 1, 0.0, 0},
+    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4543885690823246, 1, 0.0, 0},
+    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.007208402131267738, 1, 0.0, 0},
+    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.010580671771462574, 1, 0.0, 0},
+    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.008636874704965776, 1, 0.0, 0},
+    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.003109446856493704, 1, 0.0, 0},
+    {384, 384, 24576, 0.10732799768447876, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.009363908228629514, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9260640144348145, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.025351236103126694, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.0524320006370544, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.045977096042673346, 1, 0.0, 0},
+    {1536, 2560, 768, 0.5644640028476715, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.1561420199815033, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.858303964138031, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.15368096432841213, 1, 0.0, 0},
+    {4096, 11008, 4096, 8.453775882720947, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0886242136717463, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.889039993286133, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.13235849065090619, 1, 0.0, 0},
+    {512, 512, 512, 3.079584002494812, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.4359908666917551, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 6.101775884628296, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.44361258695988887, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.5951359868049622, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16642318304682951, 256, 5.545177444479562, 0},
+    {512, 512, 64, 6.131088018417358, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4505593544016744, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.6523360013961792, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.11885579286311192, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 5.969056129455566, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.4173266168550579, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3152410378822727, 1, 0.0, 1},
 };
 static const Point fp32_7_unaligned[] = {
-    {2047, 2047, 2047, 0.9410719871520996, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.044261981983243194, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.5342880189418793, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.02254858262905316, 1, 0.0, 0},
-    {5003, 5003, 5003, 8.367072105407715, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010922828084811284, 1, 0.0, 0},
-    {127, 4099, 1023, 0.1199679970741272, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.10673028974902167, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07248000055551529, 8.317766166719343, 0.0, 8.317766166719343, -0.016082440414845522, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07532799988985062, 0.0, 8.317766166719343, 8.317766166719343, 0.02245880036158438, 1, 0.0, 0},
-    {16, 11008, 4096, 0.17657600343227386, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.005331822253523767, 1, 0.0, 0},
-    {4096, 4096, 4096, 5.599711894989014, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.1001667852290947, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.2351519986987114, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.007469274278404386, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.9410719871520996, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.08804151090165882, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.5342880189418793, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.03839660820611013, 1, 0.0, 0},
+    {5003, 5003, 5003, 8.367072105407715, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.016357830476863174, 1, 0.0, 0},
+    {127, 4099, 1023, 0.1199679970741272, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.18097281548748853, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07248000055551529, 8.317766166719343, 0.0, 8.317766166719343, -0.005082307069958987, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07532799988985062, 0.0, 8.317766166719343, 8.317766166719343, 0.03345893370647098, 1, 0.0, 0},
+    {16, 11008, 4096, 0.17657600343227386, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.02224115967277596, 1, 0.0, 0},
+    {8, 6144, 6144, 0.12348800152540207, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.023000114470842423, 1, 0.0, 0},
+    {4096, 12, 4096, 0.12059200182557106, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.37189756656799156, 1, 0.0, 0},
+    {13, 5000, 3001, 0.08276799693703651, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.009354986170435871, 1, 0.0, 0},
+    {4096, 4096, 4096, 5.599711894989014, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.10986615868341727, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.2351519986987114, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0714603088856829, 1, 0.0, 0},
 };
 static const Point fp32_8_aligned[] = {
-    {1, 4096, 4096, 0.0363520011305809, 0.0, 8.317766166719343, 8.317766166719343, -0.025519468115272604, 1, 0.0, 0},
-    {16, 8192, 4096, 0.16838400065898895, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3946553677418162, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07356800138950348, 0.0, 9.306377560173125, 8.317766166719343, 0.07223004183772135, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10047999769449234, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.07490933727606505, 1, 0.0, 0},
-    {16, 4096, 4096, 0.09004800021648407, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.29223973880418097, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09383999928832054, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.05375492253405431, 1, 0.0, 0},
-    {4096, 16, 4096, 0.09017600119113922, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.29366020439342494, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07519999891519547, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.022054168423820433, 1, 0.0, 0},
-    {12, 4096, 8192, 0.1634719967842102, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.5166919286979064, 1, 0.0, 0},
-    {5, 4096, 4096, 0.044256001710891724, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.02276169947444971, 1, 0.0, 0},
-    {3, 4096, 11008, 0.07905599847435951, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03418218647988058, 1, 0.0, 0},
+    {256, 256, 256, 0.011247999966144562, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.044664723871290696, 1, 0.0, 0},
+    {512, 512, 512, 0.01724799908697605, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.01214438298007206, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.029440000653266907, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0035367008956643576, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.18665599822998047, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.040056829822437016, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5137920379638672, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.00666224021183955, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.469600200653076, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.05873552632257407, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6177759766578674, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012468037923406927, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09443199634552002, 0.0, 8.317766166719343, 8.317766166719343, -0.021611292991734088, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12195199728012085, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.22661063974761936, 1, 0.0, 0},
+    {64, 4096, 8192, 0.18201600015163422, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03140503904877401, 1, 0.0, 0},
+    {128, 8192, 8192, 0.19404799491167068, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.011905586979136127, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1953440010547638, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.01856217438737254, 1, 0.0, 0},
+    {4096, 32, 4096, 0.09387199953198433, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.028751131660841, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09830400347709656, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0009968617955110825, 1, 0.0, 0},
+    {1, 11008, 4096, 0.21961599588394165, 0.0, 9.306377560173125, 8.317766166719343, 0.15520766704235592, 1, 0.0, 0},
+    {8, 11008, 4096, 0.21239999681711197, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.12103106755480982, 1, 0.0, 0},
+    {16, 4096, 4096, 0.09238400310277939, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.04472944179246267, 1, 0.0, 0},
+    {4, 14336, 4096, 0.24567999690771103, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2647769270334643, 1, 0.0, 0},
+    {4096, 16, 4096, 0.09180799871683121, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05034828277079644, 1, 0.0, 0},
+    {6, 8192, 4096, 0.1298080012202263, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.29061922161483966, 1, 0.0, 0},
+    {12, 4096, 8192, 0.18004799634218216, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03801855203259439, 1, 0.0, 0},
+    {5, 4096, 4096, 0.09363199770450592, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.030437084680103085, 1, 0.0, 0},
+    {3, 4096, 11008, 0.23695999383926392, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.049644571059785564, 1, 0.0, 0},
+    {4096, 4096, 512, 0.19755200296640396, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03416175236279135, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8460800051689148, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.026916704216333586, 1, 0.0, 0},
+    {8192, 8192, 256, 0.4230400025844574, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0025141716824473295, 1, 0.0, 0},
+    {2048, 2048, 128, 0.022495999932289124, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10428716214202823, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1467839926481247, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.02094550254691806, 1, 0.0, 0},
+    {256, 256, 32768, 0.7032639980316162, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.03251475881616176, 1, 0.0, 0},
+    {512, 512, 16384, 0.34886400401592255, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.05483955542293768, 1, 0.0, 0},
+    {128, 1024, 65536, 1.3702080249786377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.05648032413848661, 1, 0.0, 0},
+    {64, 64, 131072, 2.7297279834747314, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.05435947844218905, 1, 0.0, 0},
+    {384, 384, 24576, 0.5209759771823883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.05019589336316175, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.045311987400055, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.06345664477627408, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1138079762458801, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.005400427703793806, 1, 0.0, 0},
+    {1536, 2560, 768, 0.07449600100517273, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04769933416901062, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5247040092945099, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0006136807124723622, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.954032063484192, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.003131518413923141, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3473439812660217, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.023208699510945188, 1, 0.0, 0},
+    {512, 512, 512, 0.20507200062274933, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0031975318202108324, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.1276160031557083, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.019761957751631507, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.027168000116944313, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2929894639571055, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.08073599636554718, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.025358103592850987, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07311999797821045, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2834706935139122, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.21244800090789795, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02546564955423882, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5550079941749573, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03358634282707461, 1, 0.0, 1},
 };
 static const Point fp32_8_unaligned[] = {
-    {4096, 1, 4096, 0.03651199862360954, 8.317766166719343, 0.0, 8.317766166719343, -0.060041297466020715, 1, 0.0, 0},
-    {1, 4096, 4096, 0.041439998894929886, 0.0, 8.317766166719343, 8.317766166719343, 0.06656433783572639, 1, 0.0, 0},
-    {16, 11008, 4096, 0.377375990152359, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.316746224472549, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2787040024995804, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.032264508707585196, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.16488000005483627, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07138188603679389, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.9801119565963745, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0454176487732661, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04379200004041195, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.06708865076294815, 1, 0.0, 0},
+    {4096, 1, 4096, 0.09443199634552002, 8.317766166719343, 0.0, 8.317766166719343, 0.11921006104457976, 1, 0.0, 0},
+    {1, 4096, 4096, 0.14070400595664978, 0.0, 8.317766166719343, 8.317766166719343, 0.516931173689363, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14659200608730316, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.1628176855204809, 1, 0.0, 0},
+    {8, 6144, 6144, 0.20160000026226044, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.4560919263235099, 1, 0.0, 0},
+    {4096, 12, 4096, 0.12460800260305405, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.3849329822145286, 1, 0.0, 0},
+    {13, 5000, 3001, 0.10265599936246872, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.3763732100296, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.1067999601364136, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007028920803403266, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08056600968294188, 1, 0.0, 0},
 };
 static const Point fp32_9_aligned[] = {
-    {256, 256, 256, 0.011247999966144562, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.04414356424818272, 1, 0.0, 0},
-    {512, 512, 512, 0.01724799908697605, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.011389428139660686, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.029440000653266907, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.00288865320160486, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.18665599822998047, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.040540344629316334, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5137920379638672, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006186648353923007, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.469600200653076, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.05820431458272986, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6177759766578674, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0128242570500164, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09443199634552002, 0.0, 8.317766166719343, 8.317766166719343, -0.019734785959619545, 1, 0.0, 0},
-    {16, 8192, 4096, 0.12195199728012085, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.22775406501615322, 1, 0.0, 0},
-    {64, 4096, 8192, 0.18201600015163422, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.029930416501594805, 1, 0.0, 0},
-    {128, 8192, 8192, 0.19404799491167068, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.011387257987377289, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1953440010547638, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.018043845395613704, 1, 0.0, 0},
-    {4096, 32, 4096, 0.09387199953198433, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0269911457363135, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09830400347709656, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.00117059111261558, 1, 0.0, 0},
-    {1, 11008, 4096, 0.21961599588394165, 0.0, 9.306377560173125, 8.317766166719343, 0.1570084688714611, 1, 0.0, 0},
-    {8, 11008, 4096, 0.21239999681711197, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.1227569091596115, 1, 0.0, 0},
-    {16, 4096, 4096, 0.09238400310277939, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.042969455867935234, 1, 0.0, 0},
-    {4, 14336, 4096, 0.24567999690771103, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2663259332442706, 1, 0.0, 0},
-    {4096, 16, 4096, 0.09180799871683121, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04852618851637954, 1, 0.0, 0},
-    {6, 8192, 4096, 0.1298080012202263, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2919160204904329, 1, 0.0, 0},
-    {12, 4096, 8192, 0.18004799634218216, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03612838045481646, 1, 0.0, 0},
-    {5, 4096, 4096, 0.09363199770450592, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.02859167844112375, 1, 0.0, 0},
-    {3, 4096, 11008, 0.23695999383926392, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.047655048893803745, 1, 0.0, 0},
-    {4096, 4096, 512, 0.19755200296640396, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03451462809938352, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8460800051689148, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.0264207417416308, 1, 0.0, 0},
-    {8192, 8192, 256, 0.4230400025844574, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.002734255048926072, 1, 0.0, 0},
-    {2048, 2048, 128, 0.022495999932289124, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10390137628836174, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1467839926481247, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.02057483578407363, 1, 0.0, 0},
-    {256, 256, 32768, 0.7032639980316162, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.03011556103283797, 1, 0.0, 0},
-    {512, 512, 16384, 0.34886400401592255, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.05306035807768514, 1, 0.0, 0},
-    {128, 1024, 65536, 1.3702080249786377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.05426568756976584, 1, 0.0, 0},
-    {64, 64, 131072, 2.7297279834747314, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.05175267033178366, 1, 0.0, 0},
-    {384, 384, 24576, 0.5209759771823883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.048054892309760316, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.045311987400055, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.0632901705604066, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1138079762458801, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.005899336970447252, 1, 0.0, 0},
-    {1536, 2560, 768, 0.07449600100517273, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.047997610337928924, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5247040092945099, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0010745686725837833, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.954032063484192, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0025875566850860556, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3473439812660217, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02273245909459267, 1, 0.0, 0},
-    {512, 512, 512, 0.20507200062274933, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0028446560836186525, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.1276160031557083, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.01978499948194023, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.027168000116944313, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2926036781034389, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.08073599636554718, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.02568661063235491, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07311999797821045, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2830159517510977, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.21244800090789795, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02566321505416761, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5550079941749573, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03311657978488541, 1, 0.0, 1},
+    {1, 4096, 4096, 0.03587200120091438, 0.0, 8.317766166719343, 8.317766166719343, -0.062160313123234834, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2650879919528961, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.42818075416500484, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0724480003118515, 0.0, 9.306377560173125, 8.317766166719343, 0.07611596102385738, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1496960073709488, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05300232447241432, 1, 0.0, 0},
+    {16, 4096, 4096, 0.13654400408267975, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.34265637677328165, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10545599833130836, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.1455138743343172, 1, 0.0, 0},
+    {4096, 16, 4096, 0.1372479945421219, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.34779890843551803, 1, 0.0, 0},
+    {6, 8192, 4096, 0.11296000331640244, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1793579170398909, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2582240104675293, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.6021019008356003, 1, 0.0, 0},
+    {5, 4096, 4096, 0.060447998344898224, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11574333689891811, 1, 0.0, 0},
+    {3, 4096, 11008, 0.09647999703884125, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0795886857514804, 1, 0.0, 0},
 };
 static const Point fp32_9_unaligned[] = {
-    {2047, 2047, 2047, 0.2787040024995804, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.057834752082347174, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16488000005483627, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.043247682917646656, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.9801119565963745, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.05986610017862203, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04379200004041195, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11181624333471878, 1, 0.0, 0},
-    {4096, 1, 4096, 0.09443199634552002, 8.317766166719343, 0.0, 8.317766166719343, 0.29748175471186383, 1, 0.0, 0},
-    {1, 4096, 4096, 0.14070400595664978, 0.0, 8.317766166719343, 8.317766166719343, 0.694831702012916, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14659200608730316, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.04294169905947693, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.1067999601364136, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01286300542909499, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06662927098774893, 1, 0.0, 0},
+    {4096, 1, 4096, 0.03606399893760681, 8.317766166719343, 0.0, 8.317766166719343, -0.07201700671071258, 1, 0.0, 0},
+    {1, 4096, 4096, 0.040608000010252, 0.0, 8.317766166719343, 8.317766166719343, 0.046652976674912895, 1, 0.0, 0},
+    {16, 11008, 4096, 0.46487998962402344, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.6356545116607425, 1, 0.0, 0},
+    {8, 6144, 6144, 0.18825599551200867, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.27708389841856396, 1, 0.0, 0},
+    {4096, 12, 4096, 0.17444799840450287, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.8111673981485782, 1, 0.0, 0},
+    {13, 5000, 3001, 0.1693120002746582, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.8250871578585044, 1, 0.0, 0},
 };
 static const Point fp32_10_aligned[] = {
-    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10782068371921158, 1, 0.0, 0},
-    {512, 512, 512, 0.013439999893307686, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02730729742346273, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0426552930679421, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.24006399512290955, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03986599513950817, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5861279964447021, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07899240307204101, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.438688278198242, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.055286963356626036, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6882239878177643, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08263053845820763, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06340799853205681, 0.0, 8.317766166719343, 8.317766166719343, 0.036582397920136116, 1, 0.0, 0},
-    {16, 8192, 4096, 0.1306079998612404, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12375482949863666, 1, 0.0, 0},
-    {64, 4096, 8192, 0.10555199906229973, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.031559235572466496, 1, 0.0, 0},
-    {128, 8192, 8192, 0.20665599405765533, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.020881687378273044, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20689599961042404, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.019720984088777673, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04217600077390671, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.215694840990766, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1148960031569004, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.004418241303833481, 1, 0.0, 0},
-    {1, 11008, 4096, 0.19750399887561798, 0.0, 9.306377560173125, 8.317766166719343, 0.1518490520248508, 1, 0.0, 0},
-    {8, 11008, 4096, 0.19113600254058838, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.1190754502591087, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06892800331115723, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1200549141946486, 1, 0.0, 0},
-    {4, 14336, 4096, 0.24540799856185913, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2206504830185413, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04108799993991852, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.18955959036649947, 1, 0.0, 0},
-    {6, 8192, 4096, 0.14180800318717957, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2060284123234069, 1, 0.0, 0},
-    {12, 4096, 8192, 0.10566399991512299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.030498701674816036, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06614399701356888, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07882652297172436, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1438720002770424, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.014486229879134897, 1, 0.0, 0},
-    {4096, 4096, 512, 0.4419519901275635, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.10261666885195672, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.2898880243301392, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.023907728968880278, 1, 0.0, 0},
-    {8192, 8192, 256, 1.4807040095329285, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22347160038315717, 1, 0.0, 0},
-    {2048, 2048, 128, 0.22952000051736832, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 1.179592659807558, 1, 0.0, 0},
-    {16384, 4096, 64, 1.206063985824585, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.18918421097261076, 1, 0.0, 0},
-    {256, 256, 32768, 0.18251200020313263, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09804963218688499, 1, 0.0, 0},
-    {512, 512, 16384, 0.0982080027461052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07353619437645263, 1, 0.0, 0},
-    {128, 1024, 65536, 0.35446399450302124, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1020260341243743, 1, 0.0, 0},
-    {64, 64, 131072, 0.6824319958686829, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12718142853207148, 1, 0.0, 0},
-    {384, 384, 24576, 0.13990400731563568, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09279597713665631, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9589920043945312, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.03717915685763014, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1542719602584839, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.011083037363885459, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13436800241470337, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09168186105685738, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6458719968795776, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.021400229967937896, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.9651198387146, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08978054585230447, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5852320194244385, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.055663308037073915, 1, 0.0, 0},
-    {512, 512, 512, 0.458624005317688, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13964612613200297, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6912960112094879, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3149837697008933, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.10115200281143188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36022684970765406, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.6071680188179016, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18522121151446772, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.13470400124788284, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.23578189579780195, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.7333440184593201, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20422594705623984, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7094560265541077, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0041130201860987295, 1, 0.0, 1},
+    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.4042488654408868, 1, 0.0, 0},
+    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0015740234091038499, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05699722019665246, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05829152786890733, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006204454599188629, 1, 0.0, 0},
+    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.015970213114770697, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08036534954071467, 1, 0.0, 0},
+    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, 0.026076965047272416, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0034777099016462653, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023373793245508135, 1, 0.0, 0},
+    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.047216091166476994, 1, 0.0, 0},
+    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.03563987246942761, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.024723468918631128, 1, 0.0, 0},
+    {80, 8192, 4096, 0.10633599758148193, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.013304482712090183, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12867200374603271, 0.0, 9.306377560173125, 8.317766166719343, -0.010781400748028289, 1, 0.0, 0},
+    {8, 11008, 4096, 0.12745599448680878, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03268877488898075, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05423999950289726, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03553414153409279, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1525759994983673, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0001809040603033502, 1, 0.0, 0},
+    {4096, 16, 4096, 0.052928000688552856, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.011048019477288423, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09159999713301659, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.005996470864636271, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08284799754619598, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0066952825620775445, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05119999870657921, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.003833041037325061, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1058880016207695, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.021126818062857333, 1, 0.0, 0},
+    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.21193138483025836, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.8121439814567566, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.06561131902926969, 1, 0.0, 0},
+    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.3202995986292093, 1, 0.0, 0},
+    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07845317186807164, 1, 0.0, 0},
+    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.3565002952337005, 1, 0.0, 0},
+    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.06217466351794011, 1, 0.0, 0},
+    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08069832118900279, 1, 0.0, 0},
+    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.003336454971729144, 1, 0.0, 0},
+    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.13877619124466306, 1, 0.0, 0},
+    {384, 384, 24576, 0.11190400272607803, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0003595118405749317, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.7937119901180267, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.008979892310418326, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9066240191459656, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.012543683697706854, 1, 0.0, 0},
+    {1536, 2560, 768, 0.19091200083494186, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.06890185396622416, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7554080188274384, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.027342925394164424, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.412064075469971, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.01986115720536257, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5238719582557678, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0658905777754021, 1, 0.0, 0},
+    {512, 512, 512, 0.8303519785404205, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.24848954031408124, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.598367989063263, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.35544728912477663, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.17500799894332886, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.14410158559427286, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.6119199991226196, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.37209276994398816, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24048000574111938, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13762606288973284, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.5700640082359314, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.32137456722784247, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.052495609797402205, 1, 0.0, 1},
 };
 static const Point fp32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.3537760078907013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.025133877380179474, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1852319985628128, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.047014194829736344, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.418352127075195, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04252403717723086, 1, 0.0, 0},
-    {127, 4099, 1023, 0.044224001467227936, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.017152393966613003, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04116800054907799, 8.317766166719343, 0.0, 8.317766166719343, -0.0007149599260925811, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05092800036072731, 0.0, 8.317766166719343, 8.317766166719343, 0.014715368294839189, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12305599823594093, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.013243472354227482, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.2705440521240234, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03943010028485446, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07180800288915634, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.01831262709887141, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.4261600077152252, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02354337027588571, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.2231999933719635, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.012140631324444089, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.673135995864868, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.029328219894622965, 1, 0.0, 0},
+    {127, 4099, 1023, 0.05423999950289726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.024412942475064862, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05289600044488907, 8.317766166719343, 0.0, 8.317766166719343, -0.056111001801508166, 1, 0.0, 0},
+    {1, 4096, 4096, 0.055536000058054924, 0.0, 8.317766166719343, 8.317766166719343, -0.0074072716859720535, 1, 0.0, 0},
+    {16, 11008, 4096, 0.13625599443912506, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.012512611803159908, 1, 0.0, 0},
+    {8, 6144, 6144, 0.09942399710416794, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.017425088081813603, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08271999657154083, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.32851293160907064, 1, 0.0, 0},
+    {13, 5000, 3001, 0.063680000603199, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.023241989646143654, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.5513120889663696, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.014251839865754578, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.09302400052547455, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.009751866230610987, 1, 0.0, 0},
 };
 static const Point fp32_11_aligned[] = {
-    {256, 256, 256, 0.015776000916957855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.009006318174216339, 1, 0.0, 0},
-    {512, 512, 512, 0.023679999634623528, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.00566591940226308, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04049599915742874, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03308163328467353, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.14854399859905243, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.059224326639779744, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2218559980392456, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.017248026039005368, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.26094388961792, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02677055622474621, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5472640097141266, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.005131559202422923, 1, 0.0, 0},
-    {1, 4096, 4096, 0.14001599699258804, 0.0, 8.317766166719343, 8.317766166719343, 0.057962845301471076, 1, 0.0, 0},
-    {16, 8192, 4096, 0.14057600498199463, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.030204283409759433, 1, 0.0, 0},
-    {64, 4096, 8192, 0.26870399713516235, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0356431387650851, 1, 0.0, 0},
-    {128, 8192, 8192, 0.27001601457595825, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02355746708478433, 1, 0.0, 0},
-    {8192, 128, 8192, 0.27508799731731415, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.004947700843097304, 1, 0.0, 0},
-    {4096, 32, 4096, 0.13964800536632538, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04906126387215653, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1385280042886734, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.009318647021339617, 1, 0.0, 0},
-    {1, 11008, 4096, 0.14446400105953217, 0.0, 9.306377560173125, 8.317766166719343, 0.046017325802115594, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1422719955444336, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.027078898555492153, 1, 0.0, 0},
-    {16, 4096, 4096, 0.14000000059604645, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05480985510159321, 1, 0.0, 0},
-    {4, 14336, 4096, 0.14500799775123596, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.02761699761762976, 1, 0.0, 0},
-    {4096, 16, 4096, 0.1382720023393631, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.042390204902896765, 1, 0.0, 0},
-    {6, 8192, 4096, 0.1382399946451187, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.017385991927265143, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2671999931335449, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04084078748545959, 1, 0.0, 0},
-    {5, 4096, 4096, 0.1369280070066452, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0348502232922102, 1, 0.0, 0},
-    {3, 4096, 11008, 0.35464000701904297, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03873804812901706, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16019199788570404, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03864852401830155, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.6830080151557922, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.028878862910186907, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3547680079936981, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.013893909161637373, 1, 0.0, 0},
-    {2048, 2048, 128, 0.019807999953627586, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.038299765400508036, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1273919939994812, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.006349678871505188, 1, 0.0, 0},
-    {256, 256, 32768, 1.0685439705848694, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.08871367176216384, 1, 0.0, 0},
-    {512, 512, 16384, 0.5326079726219177, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.05643442121305774, 1, 0.0, 0},
-    {128, 1024, 65536, 2.089568018913269, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.06347910185298662, 1, 0.0, 0},
-    {64, 64, 131072, 4.208415985107422, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0858294820542752, 1, 0.0, 0},
-    {384, 384, 24576, 0.7836160063743591, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05471192948971078, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1036959886550903, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.002326080648081813, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.5486559867858887, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0431798954007946, 1, 0.0, 0},
-    {1536, 2560, 768, 0.06139199994504452, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05095740978533996, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.45924799144268036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.015388167947262218, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.3830560445785522, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06975895768148092, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.081824004650116, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02824103065136024, 1, 0.0, 0},
-    {512, 512, 512, 0.15971200168132782, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04164940281465233, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.10419200360774994, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.002736505560771682, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.027343999594449997, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3607109827812452, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07177600264549255, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06093978923404875, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08364800363779068, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.004750058870123666, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.17289599776268005, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.03115496210911566, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.2461439967155457, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.037288039071298, 1, 0.0, 1},
+    {256, 256, 256, 0.015776000916957855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.009194158712132597, 1, 0.0, 0},
+    {512, 512, 512, 0.023679999634623528, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.00588753834164526, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04049599915742874, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03325316386040632, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.14854399859905243, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05929451974005973, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2218559980392456, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.017175867237355126, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.26094388961792, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.026844257465692387, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5472640097141266, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.005031637945686787, 1, 0.0, 0},
+    {1, 4096, 4096, 0.14001599699258804, 0.0, 8.317766166719343, 8.317766166719343, 0.05766053704862855, 1, 0.0, 0},
+    {16, 8192, 4096, 0.14057600498199463, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.02994851429669288, 1, 0.0, 0},
+    {64, 4096, 8192, 0.26870399713516235, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.03535173852208868, 1, 0.0, 0},
+    {128, 8192, 8192, 0.27001601457595825, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.023757119434164885, 1, 0.0, 0},
+    {8192, 128, 8192, 0.27508799731731415, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.005147353192477885, 1, 0.0, 0},
+    {4096, 32, 4096, 0.13964800536632538, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.048768263285068156, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1385280042886734, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.009539010768287212, 1, 0.0, 0},
+    {1, 11008, 4096, 0.14446400105953217, 0.0, 9.306377560173125, 8.317766166719343, 0.04577800838445908, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1422719955444336, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.026844775720962936, 1, 0.0, 0},
+    {16, 4096, 4096, 0.14000000059604645, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05451206512296883, 1, 0.0, 0},
+    {4, 14336, 4096, 0.14500799775123596, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.027408937207363912, 1, 0.0, 0},
+    {4096, 16, 4096, 0.1382720023393631, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.042092414924272174, 1, 0.0, 0},
+    {6, 8192, 4096, 0.1382399946451187, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.017124529282566966, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2671999931335449, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04053331979299394, 1, 0.0, 0},
+    {5, 4096, 4096, 0.1369280070066452, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03454912259734419, 1, 0.0, 0},
+    {3, 4096, 11008, 0.35464000701904297, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03842547860457805, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16019199788570404, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03870051379407496, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.6830080151557922, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.028822818524693147, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3547680079936981, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.013864829809626675, 1, 0.0, 0},
+    {2048, 2048, 128, 0.019807999953627586, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03826745100885168, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1273919939994812, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.006298653819024873, 1, 0.0, 0},
+    {256, 256, 32768, 1.0685439705848694, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.08836392208625521, 1, 0.0, 0},
+    {512, 512, 16384, 0.5326079726219177, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.05611867437212327, 1, 0.0, 0},
+    {128, 1024, 65536, 2.089568018913269, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.06313878209645939, 1, 0.0, 0},
+    {64, 64, 131072, 4.208415985107422, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08546815903096072, 1, 0.0, 0},
+    {384, 384, 24576, 0.7836160063743591, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05437638038985305, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1036959886550903, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.002147162835969013, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.5486559867858887, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.04338370751897611, 1, 0.0, 0},
+    {1536, 2560, 768, 0.06139199994504452, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05103267362868101, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.45924799144268036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.015299955778581986, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.3830560445785522, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06969239404598597, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.081824004650116, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.028168844919619976, 1, 0.0, 0},
+    {512, 512, 512, 0.15971200168132782, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04170139259042576, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.10419200360774994, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.002735319700222747, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.027343999594449997, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3606786683895889, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07177600264549255, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06098287805350886, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08364800363779068, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.004644802646748052, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.17289599776268005, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.03118550527767423, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.2461439967155457, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03721543055729334, 1, 0.0, 1},
 };
 static const Point fp32_11_unaligned[] = {
-    {2047, 2047, 2047, 0.28572800755500793, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.043291227665283476, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16592000424861908, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.10377774474678463, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.9990240335464478, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.0123936648605331, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04281599819660187, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10664449521964697, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13334399461746216, 8.317766166719343, 0.0, 8.317766166719343, 0.1914943376788642, 1, 0.0, 0},
-    {1, 4096, 4096, 0.1404159963130951, 0.0, 8.317766166719343, 8.317766166719343, 0.24317154176032235, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14873600006103516, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0429526120707455, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.1384479999542236, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0020463454441769727, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1183501507216979, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.28572800755500793, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0552014970644849, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.16592000424861908, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.09652967372025299, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.9990240335464478, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.015949955841602425, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04281599819660187, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0914522284908694, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13334399461746216, 8.317766166719343, 0.0, 8.317766166719343, 0.08516214605368433, 1, 0.0, 0},
+    {1, 4096, 4096, 0.1404159963130951, 0.0, 8.317766166719343, 8.317766166719343, 0.13683935013514245, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14873600006103516, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09707423719637909, 1, 0.0, 0},
+    {8, 6144, 6144, 0.2024639993906021, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.014283980407812516, 1, 0.0, 0},
+    {4096, 12, 4096, 0.12479999661445618, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.004617419939153227, 1, 0.0, 0},
+    {13, 5000, 3001, 0.10278400033712387, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06657478268337814, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.1384479999542236, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.004093259656236766, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11181039730138839, 1, 0.0, 0},
 };
 static const Point fp32_12_aligned[] = {
-    {256, 256, 256, 0.014720000326633453, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.017299410090370334, 1, 0.0, 0},
-    {512, 512, 512, 0.0191040001809597, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.010951808205991632, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.030848000198602676, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.00830587197168814, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1695680022239685, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05193427657273144, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2813600301742554, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.002096281321097507, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.747951984405518, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.006247573446014432, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5409600138664246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.010525295033359115, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07420799881219864, 0.0, 8.317766166719343, 8.317766166719343, -0.004707612591633113, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07947200164198875, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.008475890121100756, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1391039937734604, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.01746309803389587, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15783999860286713, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0069390478028087555, 1, 0.0, 0},
-    {8192, 128, 8192, 0.15724800527095795, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01069669024684674, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07428799942135811, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.016167828520132238, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08240000158548355, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.003456593316447538, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1475200057029724, 0.0, 9.306377560173125, 8.317766166719343, 0.012373317144468786, 1, 0.0, 0},
-    {8, 11008, 4096, 0.14483200013637543, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.009926207755936523, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07587199658155441, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.01138184957688701, 1, 0.0, 0},
-    {4, 14336, 4096, 0.15959999710321426, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.07052180131074572, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07518399879336357, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0022726110606709204, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07996799796819687, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.022428916469739, 1, 0.0, 0},
-    {12, 4096, 8192, 0.13831999897956848, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.002274798301018535, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07446400076150894, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0028903877001072065, 1, 0.0, 0},
-    {3, 4096, 11008, 0.17932799458503723, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.013654487479025326, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24380800127983093, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.053780604066326725, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8553119897842407, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.001350058847482638, 1, 0.0, 0},
-    {8192, 8192, 256, 0.7175680100917816, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.011310228035480869, 1, 0.0, 0},
-    {2048, 2048, 128, 0.04531199857592583, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09772753597781979, 1, 0.0, 0},
-    {16384, 4096, 64, 0.5498400032520294, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.11055038393081668, 1, 0.0, 0},
-    {256, 256, 32768, 0.5083839893341064, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.018991309902395302, 1, 0.0, 0},
-    {512, 512, 16384, 0.2574400007724762, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.02939212484117832, 1, 0.0, 0},
-    {128, 1024, 65536, 0.9927359819412231, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.007046220723397673, 1, 0.0, 0},
-    {64, 64, 131072, 1.997040033340454, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.02970284152482776, 1, 0.0, 0},
-    {384, 384, 24576, 0.38014400005340576, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.007980402851226944, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8261759877204895, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.0517075837614645, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8993119895458221, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.007775990713180506, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09366399794816971, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08512036320695945, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4699519872665405, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02363491978418995, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.6158559322357178, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06871515880871912, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1770400404930115, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.045881782157676625, 1, 0.0, 0},
-    {512, 512, 512, 0.24798399955034256, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.036797413464822064, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.32236799597740173, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.10983982182072018, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.05350400134921074, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2639121120139992, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.3012959957122803, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17801282735101723, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.13264000415802002, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07111595067208354, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.3580799996852875, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.011371693067533151, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.2951840162277222, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.008984150009287702, 1, 0.0, 1},
+    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.3888713006027563, 1, 0.0, 0},
+    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06683834548437721, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03563215686100402, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.026567927682894645, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02763354770640231, 1, 0.0, 0},
+    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05316363121353548, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02075972287882004, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.024212514486491685, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.07702560651503991, 1, 0.0, 0},
+    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0260756158815818, 1, 0.0, 0},
+    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.01835726938562401, 1, 0.0, 0},
+    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.03728643661578738, 1, 0.0, 0},
+    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03475985847750187, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1770240068435669, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.014150931024653786, 1, 0.0, 0},
+    {1, 11008, 4096, 0.17368000000715256, 0.0, 9.306377560173125, 8.317766166719343, -0.004919898625342898, 1, 0.0, 0},
+    {8, 11008, 4096, 0.17827199399471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.021176015915749687, 1, 0.0, 0},
+    {16, 4096, 4096, 0.09312000125646591, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03579132592833367, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1764799952507019, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.011073104357376268, 1, 0.0, 0},
+    {4096, 16, 4096, 0.09116800129413605, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.014606300962796952, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0947519987821579, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.053165267518467556, 1, 0.0, 0},
+    {12, 4096, 8192, 0.17179200053215027, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.007894214838506648, 1, 0.0, 0},
+    {5, 4096, 4096, 0.09308800101280212, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03544762164507169, 1, 0.0, 0},
+    {3, 4096, 11008, 0.23071999847888947, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.001268906390971922, 1, 0.0, 0},
+    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.030405711688696237, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.4707199931144714, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.029947765570753383, 1, 0.0, 0},
+    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0036824747731648753, 1, 0.0, 0},
+    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02160529454502278, 1, 0.0, 0},
+    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03103148818961323, 1, 0.0, 0},
+    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.026387352750020226, 1, 0.0, 0},
+    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.03539721858080714, 1, 0.0, 0},
+    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01850766137584013, 1, 0.0, 0},
+    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.05422201257905784, 1, 0.0, 0},
+    {384, 384, 24576, 0.47678399085998535, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.06023063962838523, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.5921120047569275, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.052672504786237924, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.8990880250930786, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.055417310605469894, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1337279975414276, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.054236528269794665, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.9271840155124664, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02637638439639734, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.730544090270996, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.05613389526402808, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.2231040000915527, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.06672047484369427, 1, 0.0, 0},
+    {512, 512, 512, 0.385343998670578, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.007032853250915569, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.2749919891357422, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07039304852128835, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.04739199951291084, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.24626919739182776, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.20108799636363983, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.142997505777329, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1136000007390976, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.13224960140999908, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.4285759925842285, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.01947155677296772, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0030929297401092715, 1, 0.0, 1},
 };
 static const Point fp32_12_unaligned[] = {
-    {2047, 2047, 2047, 0.3137440085411072, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.049563359868042806, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1663680002093315, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.018643288605054535, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.382032155990601, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.030403972829219618, 1, 0.0, 0},
-    {127, 4099, 1023, 0.035711999982595444, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0306158429145205, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07574400305747986, 8.317766166719343, 0.0, 8.317766166719343, 0.09579403537408977, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07711999863386154, 0.0, 8.317766166719343, 8.317766166719343, 0.11379739426438845, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1507359966635704, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.028648389278117383, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.317344069480896, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0006904036281839288, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.059696000069379807, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.059044571502130126, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.35705600678920746, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.004253671863440344, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.17299200594425201, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.0002225352716325986, 1, 0.0, 0},
+    {5003, 5003, 5003, 5.059776067733765, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010672268187557801, 1, 0.0, 0},
+    {127, 4099, 1023, 0.031328000128269196, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.00028758354555126573, 1, 0.0, 0},
+    {4096, 1, 4096, 0.09305600076913834, 8.317766166719343, 0.0, 8.317766166719343, -0.006382025116787177, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09297600015997887, 0.0, 8.317766166719343, 8.317766166719343, -0.007242098799717626, 1, 0.0, 0},
+    {16, 11008, 4096, 0.18107199668884277, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.010698875660783052, 1, 0.0, 0},
+    {8, 6144, 6144, 0.1382720023393631, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.013633697728789619, 1, 0.0, 0},
+    {4096, 12, 4096, 0.09140800312161446, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.025701497461263264, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07142399996519089, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.002858665832862183, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.8278720378875732, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.014584344578741701, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05352000147104263, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0018043876555282274, 1, 0.0, 0},
 };
 static const Point fp32_13_aligned[] = {
-    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.399898164388402, 1, 0.0, 0},
-    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0018366237880344677, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05640742987354129, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05792295278261838, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006541952979837464, 1, 0.0, 0},
-    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.01610699862343847, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.07992316367823833, 1, 0.0, 0},
-    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, 0.025593224521750165, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0032078112513167626, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023595258701265318, 1, 0.0, 0},
-    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.04696037425586877, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.03538415555881943, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0253523265528899, 1, 0.0, 0},
-    {80, 8192, 4096, 0.10633599758148193, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.013187981675612213, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12867200374603271, 0.0, 9.306377560173125, 8.317766166719343, -0.009937302041571705, 1, 0.0, 0},
-    {8, 11008, 4096, 0.12745599448680878, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03189704451049801, 1, 0.0, 0},
-    {16, 4096, 4096, 0.05423999950289726, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03497832714645785, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1525759994983673, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0009633482577385066, 1, 0.0, 0},
-    {4096, 16, 4096, 0.052928000688552856, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.010492205089653543, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09159999713301659, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.005657808681050649, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08284799754619598, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0064907508878947655, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05119999870657921, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.004336356965480664, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1058880016207695, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.021676358847877913, 1, 0.0, 0},
-    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.212997621201447, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.8121439814567566, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.06651543349006271, 1, 0.0, 0},
-    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.321639760095442, 1, 0.0, 0},
-    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07938427203804377, 1, 0.0, 0},
-    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.35816455879686976, 1, 0.0, 0},
-    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.06393007878645267, 1, 0.0, 0},
-    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08156502074492211, 1, 0.0, 0},
-    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.002108842996135807, 1, 0.0, 0},
-    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.1422210063040471, 1, 0.0, 0},
-    {384, 384, 24576, 0.11190400272607803, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0008551688246104856, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.7937119901180267, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.009109825240692333, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9066240191459656, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.012415703296981112, 1, 0.0, 0},
-    {1536, 2560, 768, 0.19091200083494186, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.06945647553966354, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7554080188274384, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.027884201487647572, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.412064075469971, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.020205811631230655, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5238719582557678, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0662160308888519, 1, 0.0, 0},
-    {512, 512, 512, 0.8303519785404205, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.24955577668526985, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.598367989063263, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3569566048092284, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.17500799894332886, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.145032685764245, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.6119199991226196, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3737107307131611, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24048000574111938, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13677129685529824, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.5700640082359314, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.32267186627738936, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05283679486453613, 1, 0.0, 1},
+    {1, 4096, 4096, 0.039503999054431915, 0.0, 8.317766166719343, 8.317766166719343, 0.0074124226302521475, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07385600358247757, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.017768275911290956, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08430400118231773, 0.0, 9.306377560173125, 8.317766166719343, 0.017208282860586954, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08556800335645676, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.027216345835477843, 1, 0.0, 0},
+    {16, 4096, 4096, 0.0432640016078949, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0003393504002976668, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10745599865913391, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.003576896354016295, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04318400099873543, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0015114877818410497, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06673600152134895, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.006520142394625542, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06992000341415405, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.003024095714327922, 1, 0.0, 0},
+    {5, 4096, 4096, 0.03993599861860275, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.008795647943460253, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08313599973917007, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.00293311763451305, 1, 0.0, 0},
 };
 static const Point fp32_13_unaligned[] = {
-    {2047, 2047, 2047, 0.4261600077152252, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.020996106576633068, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.2231999933719635, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.019015431129554727, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.673135995864868, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.019496964249739828, 1, 0.0, 0},
-    {127, 4099, 1023, 0.05423999950289726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.010103525862025495, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05289600044488907, 8.317766166719343, 0.0, 8.317766166719343, -0.02557105099146561, 1, 0.0, 0},
-    {1, 4096, 4096, 0.055536000058054924, 0.0, 8.317766166719343, 8.317766166719343, 0.023132679124070556, 1, 0.0, 0},
-    {16, 11008, 4096, 0.13625599443912506, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0020834185211322017, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.5513120889663696, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.018859606933034203, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.09302400052547455, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0017159885995872452, 1, 0.0, 0},
+    {4096, 1, 4096, 0.03929600119590759, 8.317766166719343, 0.0, 8.317766166719343, -0.12383407530696137, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04022400081157684, 0.0, 8.317766166719343, 8.317766166719343, -0.10049298568068467, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10547199845314026, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.028719195317099756, 1, 0.0, 0},
+    {8, 6144, 6144, 0.08841600269079208, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.014276548940043104, 1, 0.0, 0},
+    {4096, 12, 4096, 0.04438399896025658, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.0020778175586201302, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06201599910855293, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.42672102858155586, 1, 0.0, 0},
 };
 static const Point fp32_14_aligned[] = {
-    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.3892919423531592, 1, 0.0, 0},
-    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06670123548062412, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03586958068541736, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.026993234351702592, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02810559682294809, 1, 0.0, 0},
-    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.053651781140384394, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02121748462925461, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.02383091965557314, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.07664401168412147, 1, 0.0, 0},
-    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.025636001172161513, 1, 0.0, 0},
-    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.01789355484309682, 1, 0.0, 0},
-    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0368227220732601, 1, 0.0, 0},
-    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03437826364658347, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1770240068435669, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.013723941925433704, 1, 0.0, 0},
-    {1, 11008, 4096, 0.17368000000715256, 0.0, 9.306377560173125, 8.317766166719343, -0.005346887724562939, 1, 0.0, 0},
-    {8, 11008, 4096, 0.17827199399471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.020749026816529743, 1, 0.0, 0},
-    {16, 4096, 4096, 0.09312000125646591, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03540973109741545, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1764799952507019, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.010646115258156341, 1, 0.0, 0},
-    {4096, 16, 4096, 0.09116800129413605, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.014224706131878647, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0947519987821579, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.05278367268754906, 1, 0.0, 0},
-    {12, 4096, 8192, 0.17179200053215027, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.008333829547927088, 1, 0.0, 0},
-    {5, 4096, 4096, 0.09308800101280212, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.035066026814153196, 1, 0.0, 0},
-    {3, 4096, 11008, 0.23071999847888947, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0008137392471488858, 1, 0.0, 0},
-    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03069403385987932, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.4707199931144714, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.03034154952138598, 1, 0.0, 0},
-    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0035360096739812776, 1, 0.0, 0},
-    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02182850727866126, 1, 0.0, 0},
-    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03139482006224638, 1, 0.0, 0},
-    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.02687343934992902, 1, 0.0, 0},
-    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.035867516687964056, 1, 0.0, 0},
-    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01900175773424726, 1, 0.0, 0},
-    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.05372388196918345, 1, 0.0, 0},
-    {384, 384, 24576, 0.47678399085998535, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.06071142944754559, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.5921120047569275, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05316277558522773, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.8990880250930786, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.055912957146911225, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1337279975414276, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05454841478285373, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.9271840155124664, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02681666971143771, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.730544090270996, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.05660785916957267, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.2231040000915527, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.06719208272439803, 1, 0.0, 0},
-    {512, 512, 512, 0.385343998670578, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.006744531079732391, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.2749919891357422, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07048727552799698, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.04739199951291084, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2464924101254664, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.20108799636363983, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.14337246873620732, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1136000007390976, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1320173682484484, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.4285759925842285, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.01933301314409823, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.002620880623563417, 1, 0.0, 1},
+    {1, 4096, 4096, 0.03855999931693077, 0.0, 8.317766166719343, 8.317766166719343, -0.0035351396449267796, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12009599804878235, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.18003406249539886, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07622399926185608, 0.0, 9.306377560173125, 8.317766166719343, 0.06956930941067815, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08750400319695473, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.08829251546124474, 1, 0.0, 0},
+    {16, 4096, 4096, 0.0629120022058487, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.020864070210179744, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10241599753499031, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.04585358781706016, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06272000074386597, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.023920641895067693, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07804799824953079, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.06069682152840622, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10449599847197533, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.08070599599181627, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04428799822926521, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.027168081207318975, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08479999750852585, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.023572784005650018, 1, 0.0, 0},
 };
 static const Point fp32_14_unaligned[] = {
-    {2047, 2047, 2047, 0.35705600678920746, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0037110438936108756, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.17299200594425201, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.000973360020248452, 1, 0.0, 0},
-    {5003, 5003, 5003, 5.059776067733765, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.009802416844379849, 1, 0.0, 0},
-    {127, 4099, 1023, 0.031328000128269196, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.000296129296082554, 1, 0.0, 0},
-    {4096, 1, 4096, 0.09305600076913834, 8.317766166719343, 0.0, 8.317766166719343, -0.013453690257227516, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09297600015997887, 0.0, 8.317766166719343, 8.317766166719343, -0.014313763940158007, 1, 0.0, 0},
-    {16, 11008, 4096, 0.18107199668884277, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.005201137743676968, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.8278720378875732, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.015403016928158078, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05352000147104263, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.001556460246889885, 1, 0.0, 0},
+    {4096, 1, 4096, 0.03846399858593941, 8.317766166719343, 0.0, 8.317766166719343, -0.18450396498428687, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06199999898672104, 0.0, 8.317766166719343, 8.317766166719343, 0.2929077015680763, 1, 0.0, 0},
+    {16, 11008, 4096, 0.24553599953651428, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.2566410150718253, 1, 0.0, 0},
+    {8, 6144, 6144, 0.13468800485134125, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.17079276826750023, 1, 0.0, 0},
+    {4096, 12, 4096, 0.11606399714946747, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.22676789084673418, 1, 0.0, 0},
+    {13, 5000, 3001, 0.09585599973797798, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.2787035247952688, 1, 0.0, 0},
 };
 static const Point fp32_15_aligned[] = {
-    {256, 256, 256, 0.008799999952316284, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09206709262223912, 1, 0.0, 0},
-    {512, 512, 512, 0.01603199914097786, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.022326262076544444, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05603199824690819, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1052954425702703, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.3108159899711609, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16077961166772625, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.176495909690857, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1180789137290808, 1, 0.0, 0},
-    {8192, 8192, 8192, 17.974224090576172, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0009347996441949749, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.8867200016975403, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15632107131481446, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04966399818658829, 0.0, 8.317766166719343, 8.317766166719343, 0.10315007627481053, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08745600283145905, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04158363012048961, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08134400099515915, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04102013116686655, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2831360101699829, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04173096484291333, 1, 0.0, 0},
-    {8192, 128, 8192, 0.26307201385498047, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.11523053670585455, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04992000013589859, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10829151501116321, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1584320068359375, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.022817006756569867, 1, 0.0, 0},
-    {1, 11008, 4096, 0.13206399977207184, 0.0, 9.306377560173125, 8.317766166719343, 0.07117404939056576, 1, 0.0, 0},
-    {8, 11008, 4096, 0.12588800489902496, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02328005922862171, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04992000013589859, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10829151501116321, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1568640023469925, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.09575765528736366, 1, 0.0, 0},
-    {4096, 16, 4096, 0.049247998744249344, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09473852038562103, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09334400296211243, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.106739413417623, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08140800148248672, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0418066098540988, 1, 0.0, 0},
-    {5, 4096, 4096, 0.049536000937223434, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.10056948511497184, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10236799716949463, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.013913384673911266, 1, 0.0, 0},
-    {4096, 4096, 512, 0.5867840051651001, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07007457978466448, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.7225599884986877, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11295885968595512, 1, 0.0, 0},
-    {8192, 8192, 256, 1.9047839641571045, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.032949731274715954, 1, 0.0, 0},
-    {2048, 2048, 128, 0.11827199906110764, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.024206189331816286, 1, 0.0, 0},
-    {16384, 4096, 64, 1.5145599842071533, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.12146492133036249, 1, 0.0, 0},
-    {256, 256, 32768, 0.11964800208806992, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16931155393416306, 1, 0.0, 0},
-    {512, 512, 16384, 0.1271039992570877, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12918204631557645, 1, 0.0, 0},
-    {128, 1024, 65536, 0.24011199921369553, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.13506471141166962, 1, 0.0, 0},
-    {64, 64, 131072, 0.44862399995326996, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1873466986082257, 1, 0.0, 0},
-    {384, 384, 24576, 0.18196800351142883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.14891698380052376, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1677280068397522, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12677070707469068, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.459231972694397, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10841691518277109, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1714559942483902, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08453540932633402, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.8431359827518463, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.14161201050239858, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.334287881851196, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.03118787467881077, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.0760159492492676, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.02872011483283072, 1, 0.0, 0},
-    {512, 512, 512, 0.6366240084171295, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.011447859687809163, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.9647199809551239, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.11531620603074845, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.13660800457000732, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1683346847200577, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.8052160143852234, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.06541109575043155, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1753920018672943, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.058893433871339926, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.9846560060977936, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.004523407166414527, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.142815947532654, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.13367428905435572, 1, 0.0, 1},
+    {256, 256, 256, 0.01190400030463934, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15458103016964328, 1, 0.0, 0},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04807921618153233, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04396799951791763, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0531156994490193, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.24265600740909576, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05026437201421993, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.630079984664917, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06678572071506161, 1, 0.0, 0},
+    {8192, 8192, 8192, 14.82795238494873, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.1388022146364458, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.707040011882782, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.07192060914603574, 1, 0.0, 0},
+    {1, 4096, 4096, 0.041439998894929886, 0.0, 8.317766166719343, 8.317766166719343, 0.12267230924236613, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09937600046396255, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4373413253553412, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0681919977068901, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.11251502273136435, 1, 0.0, 0},
+    {128, 8192, 8192, 0.19964799284934998, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08021304856310138, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20214400440454483, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.06778849216975552, 1, 0.0, 0},
+    {4096, 32, 4096, 0.0666240006685257, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03749556789644652, 1, 0.0, 0},
+    {80, 8192, 4096, 0.11532799899578094, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.03306161216317501, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09715200215578079, 0.0, 9.306377560173125, 8.317766166719343, 0.05788085965926573, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09699200093746185, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05623258567712832, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04238399863243103, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.14519663822144113, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1241919994354248, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04098690463902034, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06801600009202957, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.058173657839127424, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07184000313282013, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.11287215247187658, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0679360032081604, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.10875393318653423, 1, 0.0, 0},
+    {5, 4096, 4096, 0.041280001401901245, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11880389309198146, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08291199803352356, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06586003078581006, 1, 0.0, 0},
+    {4096, 4096, 512, 0.46801599860191345, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.1464368265653084, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3321920037269592, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.043994223782306004, 1, 0.0, 0},
+    {8192, 8192, 256, 1.4982720017433167, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22786656582704315, 1, 0.0, 0},
+    {2048, 2048, 128, 0.09308800101280212, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.24213612533608306, 1, 0.0, 0},
+    {16384, 4096, 64, 1.1845600008964539, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.16533360894460367, 1, 0.0, 0},
+    {256, 256, 32768, 0.17452800273895264, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16875520695057564, 1, 0.0, 0},
+    {512, 512, 16384, 0.09759999811649323, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1149925386020078, 1, 0.0, 0},
+    {128, 1024, 65536, 0.34012800455093384, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.16425668480682012, 1, 0.0, 0},
+    {64, 64, 131072, 0.6587840020656586, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18077180165278117, 1, 0.0, 0},
+    {384, 384, 24576, 0.1340479999780655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.16473110859065965, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9129280149936676, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10370200694438503, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1129600405693054, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06482479950252121, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13900800049304962, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09841985836099545, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6545760035514832, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02378537749476478, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.135663986206055, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.10920671753224913, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.6280159950256348, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.06698626337228883, 1, 0.0, 0},
+    {512, 512, 512, 0.4747200012207031, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1606595052990622, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.7157440185546875, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3416792162668604, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.10480000078678131, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3606446115376386, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.6125440001487732, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18597740603168308, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24643200635910034, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1607540355211307, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.7652640044689178, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.2375876533653848, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.745631992816925, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0017018589430442617, 1, 0.0, 1},
 };
 static const Point fp32_15_unaligned[] = {
-    {2047, 2047, 2047, 0.35367999970912933, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027412154892213055, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.18001600354909897, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.019446655287634458, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.438431978225708, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03451042763536166, 1, 0.0, 0},
-    {127, 4099, 1023, 0.044335998594760895, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.00717400493026414, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05004800111055374, 8.317766166719343, 0.0, 8.317766166719343, -0.019213191773382366, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05111999996006489, 0.0, 8.317766166719343, 8.317766166719343, 0.0019800504020753944, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12355200201272964, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.010292603204664285, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.2813758850097656, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02754648104115138, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07211199775338173, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0017238861119434647, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.35385599732398987, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02840521831906277, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1807679980993271, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03527269501821056, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.502303838729858, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0004581909720969477, 1, 0.0, 0},
+    {127, 4099, 1023, 0.044096000492572784, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.012463903946530977, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06283200159668922, 8.317766166719343, 0.0, 8.317766166719343, -0.1798022617531197, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05142400041222572, 0.0, 8.317766166719343, 8.317766166719343, -0.006731469331065233, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12326399981975555, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03654166512196024, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11636799946427345, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.07727557920285513, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07622399926185608, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.009404069318456826, 1, 0.0, 0},
+    {13, 5000, 3001, 0.0663679987192154, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.011445048403970625, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.380336046218872, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03258606171559985, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07215999811887741, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.016881676491655402, 1, 0.0, 0},
 };
 static const Point fp32_16_aligned[] = {
-    {256, 256, 256, 0.012240000069141388, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.02237632904196574, 1, 0.0, 0},
-    {512, 512, 512, 0.015263999812304974, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013074845291368983, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03585600107908249, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03997404913685093, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.21484799683094025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05492024298473334, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6876320242881775, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.022972594262773722, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.925456047058105, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.11898261508015916, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6846719980239868, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.025795477319640558, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05628800019621849, 0.0, 8.317766166719343, 8.317766166719343, 0.008866748390696318, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06711999699473381, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17072545260615715, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09681599959731102, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05756645186473919, 1, 0.0, 0},
-    {128, 8192, 8192, 0.20481599867343903, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.007719837426370797, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19287999719381332, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.052323951886498216, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05488000065088272, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.022092984685592974, 1, 0.0, 0},
-    {80, 8192, 4096, 0.10534399747848511, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.02442096301326633, 1, 0.0, 0},
-    {1, 11008, 4096, 0.11091200262308121, 0.0, 9.306377560173125, 8.317766166719343, 0.04225995264563387, 1, 0.0, 0},
-    {8, 11008, 4096, 0.11068800091743469, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03935442153785623, 1, 0.0, 0},
-    {16, 4096, 4096, 0.055456001311540604, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007367408332667567, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1141119971871376, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.06529782735488739, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05516799911856651, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.014004538692538896, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0666240006685257, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.16507622140234302, 1, 0.0, 0},
-    {12, 4096, 8192, 0.09647999703884125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.05596212650494941, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05483200028538704, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.017698888798132688, 1, 0.0, 0},
-    {3, 4096, 11008, 0.12494399771094322, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.06747771580700526, 1, 0.0, 0},
-    {4096, 4096, 512, 0.3227519989013672, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.0025690570683782775, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.069375991821289, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.011354008460292287, 1, 0.0, 0},
-    {8192, 8192, 256, 0.9504159986972809, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.08732900478285346, 1, 0.0, 0},
-    {2048, 2048, 128, 0.057312000542879105, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.15254891903569825, 1, 0.0, 0},
-    {16384, 4096, 64, 0.7252959907054901, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.20156096534851836, 1, 0.0, 0},
-    {256, 256, 32768, 0.3418720066547394, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09376193893327266, 1, 0.0, 0},
-    {512, 512, 16384, 0.17611200362443924, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1041679067079695, 1, 0.0, 0},
-    {128, 1024, 65536, 0.6878719925880432, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07996117827440169, 1, 0.0, 0},
-    {64, 64, 131072, 1.3221279978752136, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10322423824708708, 1, 0.0, 0},
-    {384, 384, 24576, 0.262255996465683, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08604784484042143, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8874239921569824, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.0902236919122625, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1322720050811768, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.016726352077145023, 1, 0.0, 0},
-    {1536, 2560, 768, 0.10807999968528748, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.001862454705977042, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6045440137386322, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.015859321508427452, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.681824207305908, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0795079473553223, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.562720000743866, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.07911165735509522, 1, 0.0, 0},
-    {512, 512, 512, 0.34281599521636963, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06287868014428961, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.4239040017127991, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.19636086298395483, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.06598400324583054, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2934512212707201, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.39208000898361206, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.26225541030111543, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1730560064315796, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06272775559309965, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.4819200038909912, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.08710197163478482, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.6818240284919739, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.019597841084466622, 1, 0.0, 1},
+    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10742980901622869, 1, 0.0, 0},
+    {512, 512, 512, 0.013439999893307686, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.027707739233905862, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04287117463212805, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.24006399512290955, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03960211819047841, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5861279964447021, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07864279393813232, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.438688278198242, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.055694313888346336, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6882239878177643, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08231392546502789, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06340799853205681, 0.0, 8.317766166719343, 8.317766166719343, 0.03698478926811722, 1, 0.0, 0},
+    {16, 8192, 4096, 0.1306079998612404, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1241314805176501, 1, 0.0, 0},
+    {64, 4096, 8192, 0.10555199906229973, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03112514406533733, 1, 0.0, 0},
+    {128, 8192, 8192, 0.20665599405765533, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.020460643827922623, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20689599961042404, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01929994053842718, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04217600077390671, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.21614092742458263, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1148960031569004, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0040415902848200255, 1, 0.0, 0},
+    {1, 11008, 4096, 0.19750399887561798, 0.0, 9.306377560173125, 8.317766166719343, 0.1522164297437881, 1, 0.0, 0},
+    {8, 11008, 4096, 0.19113600254058838, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11944282797804592, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06892800331115723, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.12045730554262983, 1, 0.0, 0},
+    {4, 14336, 4096, 0.24540799856185913, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2210151420203306, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04108799993991852, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.19000567680031594, 1, 0.0, 0},
+    {6, 8192, 4096, 0.14180800318717957, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.20640506334242031, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10566399991512299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.030064610167686773, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06614399701356888, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0792289143197056, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1438720002770424, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.014929716771417773, 1, 0.0, 0},
+    {4096, 4096, 512, 0.4419519901275635, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.10255337128435836, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.2898880243301392, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.024012292194429605, 1, 0.0, 0},
+    {8192, 8192, 256, 1.4807040095329285, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22322402311688241, 1, 0.0, 0},
+    {2048, 2048, 128, 0.22952000051736832, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 1.1793212430125688, 1, 0.0, 0},
+    {16384, 4096, 64, 1.206063985824585, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.18880211964550175, 1, 0.0, 0},
+    {256, 256, 32768, 0.18251200020313263, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09757982323994123, 1, 0.0, 0},
+    {512, 512, 16384, 0.0982080027461052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07307074490184984, 1, 0.0, 0},
+    {128, 1024, 65536, 0.35446399450302124, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.10155387734471412, 1, 0.0, 0},
+    {64, 64, 131072, 0.6824319958686829, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12670805198174165, 1, 0.0, 0},
+    {384, 384, 24576, 0.13990400731563568, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09232766910734236, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9589920043945312, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.03673666067103543, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1542719602584839, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.010618097164045173, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13436800241470337, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09175516192674293, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6458719968795776, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.021146377442264993, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.9651198387146, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09012894300090468, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5852320194244385, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.05601319938221722, 1, 0.0, 0},
+    {512, 512, 512, 0.458624005317688, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13958282856440438, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6912960112094879, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.314609915065855, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.10115200281143188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.35995543291266496, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.6071680188179016, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18484735687942933, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.13470400124788284, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.23576179457156105, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.7333440184593201, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20398455289556008, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7094560265541077, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0037634110521900872, 1, 0.0, 1},
 };
 static const Point fp32_16_unaligned[] = {
-    {2047, 2047, 2047, 0.3214719891548157, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.039602936216930625, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16896000504493713, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.013305050287506389, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.381167888641357, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.015672237479318823, 1, 0.0, 0},
-    {127, 4099, 1023, 0.036959998309612274, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.01729898280829276, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05774400010704994, 8.317766166719343, 0.0, 8.317766166719343, -0.18642594854004682, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07640000060200691, 0.0, 8.317766166719343, 8.317766166719343, 0.09450929212340886, 1, 0.0, 0},
-    {16, 11008, 4096, 0.15105599910020828, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11351177120618514, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.3277599811553955, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.020600016268279567, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05950399860739708, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0026995125027231507, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3537760078907013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01940164151320501, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1852319985628128, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.05256598798227862, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.418352127075195, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.037168564777339846, 1, 0.0, 0},
+    {127, 4099, 1023, 0.044224001467227936, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.039494067608631236, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04116800054907799, 8.317766166719343, 0.0, 8.317766166719343, -0.04878055384259737, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05092800036072731, 0.0, 8.317766166719343, 8.317766166719343, -0.07185402905359874, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12305599823594093, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.08961364143359411, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11771200224757195, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.12505158714311815, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07740800082683563, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.534311053680647, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06711999699473381, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.11600432216336153, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.2705440521240234, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0399007286035756, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07180800288915634, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02214791840871326, 1, 0.0, 0},
 };
 static const Point fp32_17_aligned[] = {
-    {256, 256, 256, 0.01190400030463934, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15443639444786517, 1, 0.0, 0},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04793291201510467, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04396799951791763, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05224647523769194, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.24265600740909576, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04945618189472179, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.630079984664917, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0662324307973025, 1, 0.0, 0},
-    {8192, 8192, 8192, 14.82795238494873, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.13917539279694738, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.707040011882782, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.07126643979885351, 1, 0.0, 0},
-    {1, 4096, 4096, 0.041439998894929886, 0.0, 8.317766166719343, 8.317766166719343, 0.12282746711106557, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09937600046396255, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4376708460327664, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0681919977068901, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.11267273973852314, 1, 0.0, 0},
-    {128, 8192, 8192, 0.19964799284934998, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07989983361313414, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20214400440454483, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.06747527721978848, 1, 0.0, 0},
-    {4096, 32, 4096, 0.0666240006685257, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03782508857387157, 1, 0.0, 0},
-    {80, 8192, 4096, 0.11532799899578094, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.03262484190597708, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09715200215578079, 0.0, 9.306377560173125, 8.317766166719343, 0.0582800969479156, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09699200093746185, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.056631822965778025, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04238399863243103, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.14535179609014046, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1241919994354248, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04142367489621809, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06801600009202957, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.05850317851655256, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07184000313282013, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.11320167314930192, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0679360032081604, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.10891165019369305, 1, 0.0, 0},
-    {5, 4096, 4096, 0.041280001401901245, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11895905096068085, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08291199803352356, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06601857859264242, 1, 0.0, 0},
-    {4096, 4096, 512, 0.46801599860191345, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.14828805116860538, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3321920037269592, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.045322367836155925, 1, 0.0, 0},
-    {8192, 8192, 256, 1.4982720017433167, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.23031971432524623, 1, 0.0, 0},
-    {2048, 2048, 128, 0.09308800101280212, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.24455754514911135, 1, 0.0, 0},
-    {16384, 4096, 64, 1.1845600008964539, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.16821853245266147, 1, 0.0, 0},
-    {256, 256, 32768, 0.17452800273895264, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16859476576570484, 1, 0.0, 0},
-    {512, 512, 16384, 0.09759999811649323, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11483310811855275, 1, 0.0, 0},
-    {128, 1024, 65536, 0.34012800455093384, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.16409569146126457, 1, 0.0, 0},
-    {64, 64, 131072, 0.6587840020656586, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18061051923990804, 1, 0.0, 0},
-    {384, 384, 24576, 0.1340479999780655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.16457101749707878, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9129280149936676, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10344279082255413, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1129600405693054, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06463559784966959, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13900800049304962, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09980403675257521, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6545760035514832, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.022933972596091933, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.135663986206055, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.10976532524390904, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.6280159950256348, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.06753831623635714, 1, 0.0, 0},
-    {512, 512, 512, 0.4747200012207031, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16251072990235926, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.7157440185546875, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.34452869282170073, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.10480000078678131, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36306603135066695, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.6125440001487732, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1888268825865234, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24643200635910034, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16254259996896106, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.7652640044689178, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.24001419484387798, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.745631992816925, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0022551488608033724, 1, 0.0, 1},
+    {256, 256, 256, 0.008799999952316284, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09235170962451208, 1, 0.0, 0},
+    {512, 512, 512, 0.01603199914097786, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.020448539336208892, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05603199824690819, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1080526520412967, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.3108159899711609, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16226065994758848, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.176495909690857, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11824347655613288, 1, 0.0, 0},
+    {8192, 8192, 8192, 17.974224090576172, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.00023685444269424844, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.8867200016975403, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1569797319644165, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04966399818658829, 0.0, 8.317766166719343, 8.317766166719343, 0.10361146656248842, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08745600283145905, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04174782172852984, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08134400099515915, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04201910839671253, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2831360101699829, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04095437662677516, 1, 0.0, 0},
+    {8192, 128, 8192, 0.26307201385498047, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.11445394848971643, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04992000013589859, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1087529052988409, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1584320068359375, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.022817051247197344, 1, 0.0, 0},
+    {1, 11008, 4096, 0.13206399977207184, 0.0, 9.306377560173125, 8.317766166719343, 0.07123001563309464, 1, 0.0, 0},
+    {8, 11008, 4096, 0.12588800489902496, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.023336025471150545, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04992000013589859, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1087529052988409, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1568640023469925, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0957817749746987, 1, 0.0, 0},
+    {4096, 16, 4096, 0.049247998744249344, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09519991067329876, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09334400296211243, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10690360502566315, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08140800148248672, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04280558708394496, 1, 0.0, 0},
+    {5, 4096, 4096, 0.049536000937223434, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.1010308754026496, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10236799716949463, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.015076419464084627, 1, 0.0, 0},
+    {4096, 4096, 512, 0.5867840051651001, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07567750645017313, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.7225599884986877, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11645449995883335, 1, 0.0, 0},
+    {8192, 8192, 256, 1.9047839641571045, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.04055662347719413, 1, 0.0, 0},
+    {2048, 2048, 128, 0.11827199906110764, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.015832737317349015, 1, 0.0, 0},
+    {16384, 4096, 64, 1.5145599842071533, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.13047414564406112, 1, 0.0, 0},
+    {256, 256, 32768, 0.11964800208806992, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1677252799472259, 1, 0.0, 0},
+    {512, 512, 16384, 0.1271039992570877, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12784991150870054, 1, 0.0, 0},
+    {128, 1024, 65536, 0.24011199921369553, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1334121744970494, 1, 0.0, 0},
+    {64, 64, 131072, 0.44862399995326996, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1856594470327276, 1, 0.0, 0},
+    {384, 384, 24576, 0.18196800351142883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1474616546832278, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1677280068397522, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12556677304344793, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.459231972694397, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10686569476278371, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1714559942483902, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08867543332583798, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.8431359827518463, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.14315550499599283, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.334287881851196, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.03135972615645225, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.0760159492492676, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.028882970942439905, 1, 0.0, 0},
+    {512, 512, 512, 0.6366240084171295, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.005844933022300445, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.9647199809551239, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.10635250372465421, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.13660800457000732, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.15996123270559043, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.8052160143852234, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.07437479805652579, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1753920018672943, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.05355709233898416, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.9846560060977936, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012094715545347919, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.142815947532654, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.13383885188140782, 1, 0.0, 1},
 };
 static const Point fp32_17_unaligned[] = {
-    {2047, 2047, 2047, 0.35385599732398987, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02737375188137962, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1807679980993271, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03485292496483067, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.502303838729858, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.003730467092319575, 1, 0.0, 0},
-    {127, 4099, 1023, 0.044096000492572784, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.027484603462266676, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06283200159668922, 8.317766166719343, 0.0, 8.317766166719343, -0.10474688086226341, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05142400041222572, 0.0, 8.317766166719343, 8.317766166719343, 0.008696677990285692, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12326399981975555, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07045641908497487, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.380336046218872, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03275555924365665, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07215999811887741, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.009499785769485396, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.35367999970912933, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.020751113256918363, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.18001600354909897, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.031797747592070866, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.438431978225708, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.01342666693178715, 1, 0.0, 0},
+    {127, 4099, 1023, 0.044335998594760895, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.011538552871948075, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05004800111055374, 8.317766166719343, 0.0, 8.317766166719343, -0.0994345917137906, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05111999996006489, 0.0, 8.317766166719343, 8.317766166719343, -0.07824134953833274, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12355200201272964, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.04840297363039643, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11535999923944473, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.15939221473103543, 1, 0.0, 0},
+    {4096, 12, 4096, 0.0759199969470501, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.3147591258815027, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06702399998903275, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.08281871239654957, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.2813758850097656, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04163736302374667, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07211199775338173, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.010046612750378842, 1, 0.0, 0},
 };
 static const Point fp32_18_aligned[] = {
-    {256, 256, 256, 0.024992000311613083, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2245783567412409, 1, 0.0, 0},
-    {512, 512, 512, 0.03200000151991844, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.05070794139934698, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.09616000205278397, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0811361943902995, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.37646400928497314, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.020980776633039905, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.033943681785249036, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.284800052642822, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02451672480877966, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.9330080151557922, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04244670871605073, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05740800127387047, 0.0, 8.317766166719343, 8.317766166719343, 0.0009656199475889157, 1, 0.0, 0},
-    {16, 8192, 4096, 0.10809600353240967, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.022915858252057338, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09769599884748459, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0341101568193513, 1, 0.0, 0},
-    {128, 8192, 8192, 0.21985600143671036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.025877355653851644, 1, 0.0, 0},
-    {8192, 128, 8192, 0.220271997153759, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.02776769592875788, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05934400111436844, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05102274768055934, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1279039978981018, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009486609875465972, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1345279961824417, 0.0, 9.306377560173125, 8.317766166719343, 0.012092653715240917, 1, 0.0, 0},
-    {8, 11008, 4096, 0.13212799280881882, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.028918085242824774, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06172800064086914, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03140914875496553, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1674399971961975, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.00025010033522497387, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05951999872922897, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.005016129175982888, 1, 0.0, 0},
-    {6, 8192, 4096, 0.10156799852848053, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.007748981942542868, 1, 0.0, 0},
-    {12, 4096, 8192, 0.09279999881982803, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.025104857146268245, 1, 0.0, 0},
-    {5, 4096, 4096, 0.059967998415231705, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.033189024205868466, 1, 0.0, 0},
-    {3, 4096, 11008, 0.11190400272607803, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.00284937278506178, 1, 0.0, 0},
-    {4096, 4096, 512, 1.5503199696540833, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.3862480491449401, 1, 0.0, 0},
-    {5120, 7168, 1024, 3.4506720304489136, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.2869059510002122, 1, 0.0, 0},
-    {8192, 8192, 256, 6.13644814491272, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.40800340808846847, 1, 0.0, 0},
-    {2048, 2048, 128, 0.29844799637794495, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10278367318590123, 1, 0.0, 0},
-    {16384, 4096, 64, 6.195791959762573, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.43247079045088815, 1, 0.0, 0},
-    {256, 256, 32768, 0.07897599786520004, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.023014812310893983, 1, 0.0, 0},
-    {512, 512, 16384, 0.09704000130295753, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.02936437058499878, 1, 0.0, 0},
-    {128, 1024, 65536, 0.16120000183582306, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.02084933595365124, 1, 0.0, 0},
-    {64, 64, 131072, 0.25678399205207825, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.11419655941282551, 1, 0.0, 0},
-    {384, 384, 24576, 0.12062400206923485, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.012296790257625272, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8446399867534637, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.021207317165168597, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9571840167045593, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.02687398900237435, 1, 0.0, 0},
-    {1536, 2560, 768, 0.31596800684928894, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08809385708901014, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.0976960062980652, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.07330062149899083, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.349792003631592, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.017396114236344004, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.7693760395050049, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.008363676605303651, 1, 0.0, 0},
-    {512, 512, 512, 1.569648027420044, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.39863811535309207, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 3.0990720987319946, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.42346228805589853, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.31542399525642395, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.15810572246429577, 256, 5.545177444479562, 0},
-    {512, 512, 64, 3.1172159910202026, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4342501060187744, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.3924480080604553, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.025086200305344905, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 3.0350239276885986, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.3927512296988808, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.3468639850616455, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.14033006658019126, 1, 0.0, 1},
+    {256, 256, 256, 0.024992000311613083, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.23079956603058693, 1, 0.0, 0},
+    {512, 512, 512, 0.03200000151991844, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.05482741744139732, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.09616000205278397, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.08216522074761463, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.37646400928497314, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0211789945996422, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03348786022267471, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.284800052642822, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02501534147625171, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.9330080151557922, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.042883684795217404, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05740800127387047, 0.0, 8.317766166719343, 8.317766166719343, 0.0017828651710555645, 1, 0.0, 0},
+    {16, 8192, 4096, 0.10809600353240967, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.02264406711341715, 1, 0.0, 0},
+    {64, 4096, 8192, 0.09769599884748459, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03360157289411191, 1, 0.0, 0},
+    {128, 8192, 8192, 0.21985600143671036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.026004430914860276, 1, 0.0, 0},
+    {8192, 128, 8192, 0.220271997153759, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.027894771189766833, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05934400111436844, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.050067092247887655, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1279039978981018, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009677133985717483, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1345279961824417, 0.0, 9.306377560173125, 8.317766166719343, 0.011284180369933769, 1, 0.0, 0},
+    {8, 11008, 4096, 0.13212799280881882, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.029651102506097822, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06172800064086914, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03229631007099644, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1674399971961975, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.0012569032476117217, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05951999872922897, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.004128967859952133, 1, 0.0, 0},
+    {6, 8192, 4096, 0.10156799852848053, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.008110161313649085, 1, 0.0, 0},
+    {12, 4096, 8192, 0.09279999881982803, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.025406921798294995, 1, 0.0, 0},
+    {5, 4096, 4096, 0.059967998415231705, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03402549461403311, 1, 0.0, 0},
+    {3, 4096, 11008, 0.11190400272607803, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0028885925347918967, 1, 0.0, 0},
+    {4096, 4096, 512, 1.5503199696540833, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.3858312260906077, 1, 0.0, 0},
+    {5120, 7168, 1024, 3.4506720304489136, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.28642389456337647, 1, 0.0, 0},
+    {8192, 8192, 256, 6.13644814491272, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.4074612595722333, 1, 0.0, 0},
+    {2048, 2048, 128, 0.29844799637794495, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10266873343042641, 1, 0.0, 0},
+    {16384, 4096, 64, 6.195791959762573, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4319014963955997, 1, 0.0, 0},
+    {256, 256, 32768, 0.07897599786520004, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.022081740449256704, 1, 0.0, 0},
+    {512, 512, 16384, 0.09704000130295753, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.028466998869474368, 1, 0.0, 0},
+    {128, 1024, 65536, 0.16120000183582306, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.020500596217957218, 1, 0.0, 0},
+    {64, 64, 131072, 0.25678399205207825, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.11366099582478681, 1, 0.0, 0},
+    {384, 384, 24576, 0.12062400206923485, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.012669817553501472, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8446399867534637, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.020844060260205587, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9571840167045593, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.026510974169725976, 1, 0.0, 0},
+    {1536, 2560, 768, 0.31596800684928894, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08797380102321112, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.0976960062980652, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.07290282021227741, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.349792003631592, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.01788880383738758, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.7693760395050049, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.008805549160263923, 1, 0.0, 0},
+    {512, 512, 512, 1.569648027420044, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.3982212922987597, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 3.0990720987319946, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.42293363764201136, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.31542399525642395, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.15799078270882094, 256, 5.545177444479562, 0},
+    {512, 512, 64, 3.1172159910202026, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4337125139399563, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.3924480080604553, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.026424276892398638, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 3.0350239276885986, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.3922402005141267, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.3468639850616455, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.13987206777111327, 1, 0.0, 1},
 };
 static const Point fp32_18_unaligned[] = {
-    {2047, 2047, 2047, 0.5800159871578217, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027678064032549254, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.31756800413131714, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.02663573596811381, 1, 0.0, 0},
-    {5003, 5003, 5003, 5.55297589302063, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.017513893847885417, 1, 0.0, 0},
-    {127, 4099, 1023, 0.07440000027418137, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05358038220963122, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05897599831223488, 8.317766166719343, 0.0, 8.317766166719343, -0.027473223142250824, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06272000074386597, 0.0, 8.317766166719343, 8.317766166719343, 0.03407661189042663, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14591999351978302, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.003784682045627884, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.4407360553741455, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04308353145821863, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.13849599659442902, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.024852046458139168, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.5800159871578217, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022234029914875775, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.31756800413131714, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.032347320163640475, 1, 0.0, 0},
+    {5003, 5003, 5003, 5.55297589302063, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02231678022567336, 1, 0.0, 0},
+    {127, 4099, 1023, 0.07440000027418137, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06843778341746246, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05897599831223488, 8.317766166719343, 0.0, 8.317766166719343, -0.044705751135197626, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06272000074386597, 0.0, 8.317766166719343, 8.317766166719343, 0.01684408389747987, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14591999351978302, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0003952470475171662, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11177600175142288, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.003004331297993538, 1, 0.0, 0},
+    {4096, 12, 4096, 0.09779199957847595, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.3733452350537656, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06550399959087372, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.0063136444558742665, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.4407360553741455, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04128866948618759, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.13849599659442902, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.024042454692024456, 1, 0.0, 0},
 };
 static const Point fp32_19_aligned[] = {
-    {1, 4096, 4096, 0.03587200120091438, 0.0, 8.317766166719343, 8.317766166719343, -0.06122026347726307, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2650879919528961, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4163521593425757, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0724480003118515, 0.0, 9.306377560173125, 8.317766166719343, 0.07193297031051925, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1496960073709488, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03614150257657263, 1, 0.0, 0},
-    {16, 4096, 4096, 0.13654400408267975, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.3305812656792233, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10545599833130836, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.14531012723945813, 1, 0.0, 0},
-    {4096, 16, 4096, 0.1372479945421219, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.33572379734145963, 1, 0.0, 0},
-    {6, 8192, 4096, 0.11296000331640244, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.17473235972344217, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2582240104675293, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.592191764747565, 1, 0.0, 0},
-    {5, 4096, 4096, 0.060447998344898224, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11041394200687205, 1, 0.0, 0},
-    {3, 4096, 11008, 0.09647999703884125, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.08184467935654448, 1, 0.0, 0},
+    {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.008536108780508119, 1, 0.0, 0},
+    {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.00861264316408349, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.008466286797093865, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.4678080081939697, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.04248525027168347, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.590672016143799, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01895419626392285, 1, 0.0, 0},
+    {8192, 8192, 8192, 25.99796772003174, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.062348437761339644, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.7869600057601929, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20617681345030303, 1, 0.0, 0},
+    {1, 4096, 4096, 0.22563199698925018, 0.0, 8.317766166719343, 8.317766166719343, 0.12818720956576427, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2107519954442978, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.020636332981485393, 1, 0.0, 0},
+    {64, 4096, 8192, 0.419871985912323, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.047110757308705245, 1, 0.0, 0},
+    {128, 8192, 8192, 0.4219520092010498, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04971266186674819, 1, 0.0, 0},
+    {8192, 128, 8192, 0.46350400149822235, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.04421077102676886, 1, 0.0, 0},
+    {4096, 32, 4096, 0.20904000103473663, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04549412426200333, 1, 0.0, 0},
+    {80, 8192, 4096, 0.20457600057125092, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.05976159288451312, 1, 0.0, 0},
+    {1, 11008, 4096, 0.40299201011657715, 0.0, 9.306377560173125, 8.317766166719343, 0.01910465113130844, 1, 0.0, 0},
+    {8, 11008, 4096, 0.3922240138053894, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.011958678378209778, 1, 0.0, 0},
+    {16, 4096, 4096, 0.21804800629615784, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08768374901330173, 1, 0.0, 0},
+    {4, 14336, 4096, 0.3973439931869507, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.008340720386495585, 1, 0.0, 0},
+    {4096, 16, 4096, 0.20838400721549988, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.04571323469510258, 1, 0.0, 0},
+    {6, 8192, 4096, 0.2019840031862259, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.013705290928510954, 1, 0.0, 0},
+    {12, 4096, 8192, 0.3988800048828125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.01782119189665609, 1, 0.0, 0},
+    {5, 4096, 4096, 0.2197760045528412, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.1002032691346402, 1, 0.0, 0},
+    {3, 4096, 11008, 0.5852960050106049, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.11425711740235531, 1, 0.0, 0},
+    {4096, 4096, 512, 0.47545599937438965, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.0159926091648695, 1, 0.0, 0},
+    {5120, 7168, 1024, 2.014799952507019, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04618910746359401, 1, 0.0, 0},
+    {8192, 8192, 256, 0.9607200026512146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.008978475824784676, 1, 0.0, 0},
+    {2048, 2048, 128, 0.03868800029158592, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.011916003365897468, 1, 0.0, 0},
+    {16384, 4096, 64, 0.326447993516922, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.009411767442005163, 1, 0.0, 0},
+    {256, 256, 32768, 1.6740480065345764, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.10212123850470832, 1, 0.0, 0},
+    {512, 512, 16384, 0.8447359800338745, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.07539060893207852, 1, 0.0, 0},
+    {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09724514697771712, 1, 0.0, 0},
+    {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.10313429969309969, 1, 0.0, 0},
+    {384, 384, 24576, 1.4749760031700134, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.24846343978138877, 1, 0.0, 0},
+    {1280, 1920, 16384, 2.399616003036499, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05867670822715316, 1, 0.0, 0},
+    {1024, 1024, 49152, 2.853983998298645, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.08331292625678859, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1918719932436943, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09752913472928078, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.193888008594513, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.024579494841459663, 1, 0.0, 0},
+    {4096, 11008, 4096, 9.481344223022461, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022323800193350337, 1, 0.0, 0},
+    {1024, 14336, 4096, 3.042191982269287, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.013492420153193293, 1, 0.0, 0},
+    {512, 512, 512, 0.4453760087490082, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04936284418218116, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.29820799827575684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07826591935592118, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.0432640016078949, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.09987543225009198, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.18350400030612946, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.09640609965240994, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11670400202274323, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.036077652758634185, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.5162879824638367, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.044134943028504015, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 4.771375894546509, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3035348682081635, 1, 0.0, 1},
 };
 static const Point fp32_19_unaligned[] = {
-    {4096, 1, 4096, 0.03606399893760681, 8.317766166719343, 0.0, 8.317766166719343, -0.0555630977369878, 1, 0.0, 0},
-    {1, 4096, 4096, 0.040608000010252, 0.0, 8.317766166719343, 8.317766166719343, 0.06310688564863773, 1, 0.0, 0},
-    {16, 11008, 4096, 0.46487998962402344, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.6291189024097685, 1, 0.0, 0},
-};
-static const Point fp32_20_aligned[] = {
-    {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.008473951501649393, 1, 0.0, 0},
-    {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.00920197433825884, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.008651940879129386, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.4678080081939697, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.042284804669462966, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.590672016143799, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.018703574823413657, 1, 0.0, 0},
-    {8192, 8192, 8192, 25.99796772003174, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06257477179308621, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.7869600057601929, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2058638649834912, 1, 0.0, 0},
-    {1, 4096, 4096, 0.22563199698925018, 0.0, 8.317766166719343, 8.317766166719343, 0.12639530004242525, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2107519954442978, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.019382798234190517, 1, 0.0, 0},
-    {64, 4096, 8192, 0.419871985912323, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.045592608481424435, 1, 0.0, 0},
-    {128, 8192, 8192, 0.4219520092010498, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.049905630089968483, 1, 0.0, 0},
-    {8192, 128, 8192, 0.46350400149822235, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.044017802803548486, 1, 0.0, 0},
-    {4096, 32, 4096, 0.20904000103473663, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.043790054759197804, 1, 0.0, 0},
-    {80, 8192, 4096, 0.20457600057125092, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.06035176210949999, 1, 0.0, 0},
-    {1, 11008, 4096, 0.40299201011657715, 0.0, 9.306377560173125, 8.317766166719343, 0.017353267287601344, 1, 0.0, 0},
-    {8, 11008, 4096, 0.3922240138053894, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.01365478590010477, 1, 0.0, 0},
-    {16, 4096, 4096, 0.21804800629615784, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08597967951049616, 1, 0.0, 0},
-    {4, 14336, 4096, 0.3973439931869507, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.009907794233228224, 1, 0.0, 0},
-    {4096, 16, 4096, 0.20838400721549988, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.043962454274830545, 1, 0.0, 0},
-    {6, 8192, 4096, 0.2019840031862259, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.015068712273348508, 1, 0.0, 0},
-    {12, 4096, 8192, 0.3988800048828125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.015998649835615015, 1, 0.0, 0},
-    {5, 4096, 4096, 0.2197760045528412, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09843489146835026, 1, 0.0, 0},
-    {3, 4096, 11008, 0.5852960050106049, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.11235528998648474, 1, 0.0, 0},
-    {4096, 4096, 512, 0.47545599937438965, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.015763817693993782, 1, 0.0, 0},
-    {5120, 7168, 1024, 2.014799952507019, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04598376038447898, 1, 0.0, 0},
-    {8192, 8192, 256, 0.9607200026512146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.009243837174109837, 1, 0.0, 0},
-    {2048, 2048, 128, 0.03868800029158592, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.011556920052604197, 1, 0.0, 0},
-    {16384, 4096, 64, 0.326447993516922, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.00906562072375464, 1, 0.0, 0},
-    {256, 256, 32768, 1.6740480065345764, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09990085559382038, 1, 0.0, 0},
-    {512, 512, 16384, 0.8447359800338745, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.07363933140184831, 1, 0.0, 0},
-    {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09516322201216106, 1, 0.0, 0},
-    {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.10075126665670767, 1, 0.0, 0},
-    {384, 384, 24576, 1.4749760031700134, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.246440459576105, 1, 0.0, 0},
-    {1280, 1920, 16384, 2.399616003036499, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05933370869639572, 1, 0.0, 0},
-    {1024, 1024, 49152, 2.853983998298645, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.08306926262454797, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1918719932436943, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09730522261462862, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.193888008594513, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.024819673222097452, 1, 0.0, 0},
-    {4096, 11008, 4096, 9.481344223022461, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022111425487952464, 1, 0.0, 0},
-    {1024, 14336, 4096, 3.042191982269287, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.013741904550461813, 1, 0.0, 0},
-    {512, 512, 512, 0.4453760087490082, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04959163565305688, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.29820799827575684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07799560297543025, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.0432640016078949, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1002345155633854, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.18350400030612946, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.09612507584865124, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11670400202274323, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.03613328129763043, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.5162879824638367, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.04387185054102363, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 4.771375894546509, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3032806978892083, 1, 0.0, 1},
-};
-static const Point fp32_20_unaligned[] = {
-    {2047, 2047, 2047, 0.5801920294761658, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.011434820817636457, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.3253439962863922, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0009974871716385153, 1, 0.0, 0},
-    {5003, 5003, 5003, 7.929776191711426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.0058084908411688094, 1, 0.0, 0},
-    {127, 4099, 1023, 0.1748799979686737, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.8455211486831153, 1, 0.0, 0},
-    {4096, 1, 4096, 0.26977600157260895, 8.317766166719343, 0.0, 8.317766166719343, 0.07344037044899761, 1, 0.0, 0},
-    {1, 4096, 4096, 0.2364320009946823, 0.0, 8.317766166719343, 8.317766166719343, -0.05863224107780408, 1, 0.0, 0},
-    {16, 11008, 4096, 0.49164798855781555, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.03161224712064612, 1, 0.0, 0},
-    {4096, 4096, 4096, 4.385200023651123, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0028204657468282246, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07804799824953079, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005349873855070055, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.5801920294761658, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.010630563894792408, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.3253439962863922, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.006678451871406949, 1, 0.0, 0},
+    {5003, 5003, 5003, 7.929776191711426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.006293168180328197, 1, 0.0, 0},
+    {127, 4099, 1023, 0.1748799979686737, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.8566955243372278, 1, 0.0, 0},
+    {4096, 1, 4096, 0.26977600157260895, 8.317766166719343, 0.0, 8.317766166719343, 0.0987918006052181, 1, 0.0, 0},
+    {1, 4096, 4096, 0.2364320009946823, 0.0, 8.317766166719343, 8.317766166719343, -0.03332534527800983, 1, 0.0, 0},
+    {16, 11008, 4096, 0.49164798855781555, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.010038272849374124, 1, 0.0, 0},
+    {8, 6144, 6144, 0.3686720132827759, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.008089195881019225, 1, 0.0, 0},
+    {4096, 12, 4096, 0.2590080052614212, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.056016882266436176, 1, 0.0, 0},
+    {13, 5000, 3001, 0.18092800676822662, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.02263011853422671, 1, 0.0, 0},
+    {4096, 4096, 4096, 4.385200023651123, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.002401380781686468, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07804799824953079, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.006895915467614522, 1, 0.0, 0},
 };
 
-static const Member members[21] = {
+static const Member members[20] = {
     {128, 128, 32, 1, 1, true, true,
-     {fp32_0_aligned, 46, {0.008336781324966498, 0.0011129061870669965, 0.0015889146768274286, 0.036858832571095956, 5.638469412595593}, 1.0490700921338887},
-     {fp32_0_unaligned, 9, {0.0, 0.0006242480722158784, 0.018868598068044903, 0.3314335875262452, 0.0}, 1.0}
+     {fp32_0_aligned, 46, {0.008322546537206358, 0.0011053932272793584, 0.0015891167334454385, 0.03865725037416536, 5.635182142451439}, 1.0488953751132337},
+     {fp32_0_unaligned, 12, {0.0, 0.0008438488175255544, 0.01974334715846944, 0.2748619569868375, 0.0}, 1.0}
      , true
      , false, 0
     },
     {16, 16, 512, 1, 2, true, false,
-     {fp32_1_aligned, 11, {0.014194683502666922, 0.0, 0.0028942285691338243, 0.2632370775949672, 0.0}, 1.0},
-     {fp32_1_unaligned, 3, {0.013535258194620434, 0.0030425759745456873, 0.0, 0.0, 0.0}, 1.0}
+     {fp32_1_aligned, 11, {0.014215028867805552, 0.0, 0.002890353824695973, 0.26316173001721366, 0.0}, 1.0},
+     {fp32_1_unaligned, 6, {0.002131799011993186, 0.004401828108264193, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {fp32_2_aligned, 46, {0.007311318253360463, 0.000874435187722182, 0.0019099533792674257, 0.04759465284139414, 0.0}, 1.046696034638735},
-     {fp32_2_unaligned, 9, {0.0, 0.0006208198040386437, 0.00801460394221068, 0.33032014204177357, 0.0}, 1.0}
+     {fp32_2_aligned, 46, {0.007304028355656868, 0.0008764876062049739, 0.0019096148148825388, 0.04714946187036579, 0.0}, 1.046846252135354},
+     {fp32_2_unaligned, 12, {0.0, 0.0007519084736438256, 0.005339806883176314, 0.3028896911451134, 0.0}, 1.0}
      , false
      , false, 0
     },
     {64, 64, 32, 2, 1, true, true,
-     {fp32_3_aligned, 46, {0.0068968694521673035, 0.000534249445104999, 0.001452392441973224, 0.0, 0.0}, 1.0021826135717122},
-     {fp32_3_unaligned, 9, {0.013564563816191394, 0.0005390834827066852, 0.0030376855088659754, 0.0, 0.0}, 1.0}
+     {fp32_3_aligned, 46, {0.006890260639350095, 0.0005333338408054773, 0.0014773853348998237, 0.0, 0.0}, 1.0028147675288785},
+     {fp32_3_unaligned, 12, {0.014544159086365246, 0.0004822068075956168, 0.002862660724195506, 0.02368686042199667, 0.0}, 1.0}
      , false
      , false, 0
+    },
+    {16, 32, 512, 1, 1, true, false,
+     {fp32_4_aligned, 11, {0.012011159443385178, 0.003254745829476407, 0.0025738028180054932, 0.0, 0.0}, 1.0},
+     {fp32_4_unaligned, 6, {0.007863133472327652, 0.00484282998480388, 0.0, 0.0, 0.0}, 1.0}
+     , false
+     , true, 3
     },
     {64, 64, 32, 128, 1, true, true,
-     {fp32_4_aligned, 46, {0.029749723808699995, 0.0, 0.002054757062902789, 0.19701078079704543, 1.98457133900243}, 1.3375991816397867},
-     {fp32_4_unaligned, 9, {0.04542144511305685, 0.0, 0.0006276788087055138, 0.5423347636280311, 62.16120077411706}, 1.0}
-     , false
-     , false, 0
-    },
-    {128, 128, 32, 4, 1, true, true,
-     {fp32_5_aligned, 46, {0.007175811237883346, 0.001009888691390527, 0.005675746693553722, 0.03162119343457738, 0.0}, 1.0},
-     {fp32_5_unaligned, 9, {0.01585025353150066, 0.0002635604613426521, 0.0, 0.3895000028892647, 3.091413578072883}, 1.0}
-     , false
-     , false, 0
-    },
-    {64, 128, 32, 4, 1, true, true,
-     {fp32_6_aligned, 46, {0.014257941167995964, 0.0007079440566022245, 0.00424398286042011, 0.001163079965271864, 0.0}, 1.0336630713779125},
-     {fp32_6_unaligned, 9, {0.016698999663984016, 0.0006967318618069582, 0.005516128551111859, 0.09385868662449431, 0.0}, 1.0}
-     , false
-     , false, 0
-    },
-    {128, 128, 32, 32, 1, true, true,
-     {fp32_7_aligned, 46, {0.012987492547471235, 0.0008873993896196819, 0.0026806907591411487, 0.06256116854656354, 7.869090590467686}, 1.2635692972620067},
-     {fp32_7_unaligned, 9, {0.03427536583822969, 0.0, 0.0, 0.5729745774022215, 19.15396313253628}, 1.0}
-     , false
-     , false, 0
-    },
-    {16, 4, 512, 1, 4, true, false,
-     {fp32_8_aligned, 11, {0.02098174702542846, 0.000659456865896324, 0.0, 0.05606931845990612, 0.0}, 1.0},
-     {fp32_8_unaligned, 3, {0.0, 0.0022029190711630453, 0.0, 0.0, 0.0}, 1.0}
-     , false
-     , true, 0
-    },
-    {128, 64, 32, 1, 1, true, true,
-     {fp32_9_aligned, 46, {0.0052988252129593984, 0.0007002047520313002, 0.000842574431383386, 0.008018113195396704, 0.0}, 1.0326245715246525},
-     {fp32_9_unaligned, 9, {0.004487192115768765, 0.0002886234530583251, 0.015768926046652483, 0.1912289124415512, 0.0}, 1.0}
-     , false
-     , false, 0
-    },
-    {128, 64, 32, 4, 1, true, true,
-     {fp32_10_aligned, 46, {0.0068558310597701365, 0.0007469681742858931, 0.0032342517857307154, 0.0, 0.0}, 1.0088198341377994},
-     {fp32_10_unaligned, 9, {0.016885586056046006, 0.00023183876556580473, 0.0014486651069937368, 0.22719003504842253, 2.404013355443325}, 1.0}
-     , false
-     , false, 0
-    },
-    {128, 128, 32, 1, 1, true, true,
-     {fp32_11_aligned, 46, {0.006861729009744162, 0.0009400636523676012, 0.0014828718586500002, 0.051132453905057794, 0.0}, 1.0281135355451763},
-     {fp32_11_unaligned, 9, {0.0, 0.0006288150365106886, 0.007037845876366696, 0.3338482013411621, 0.0}, 1.0}
+     {fp32_5_aligned, 46, {0.029745773493318188, 0.0, 0.0020462221025999414, 0.19689442881363525, 2.443447374586588}, 1.3371546765794704},
+     {fp32_5_unaligned, 12, {0.02708521217936342, 0.0, 0.00122352159519581, 0.16433964151675295, 46.55674618325524}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 2, 1, true, true,
-     {fp32_12_aligned, 46, {0.0057016619682165644, 0.0009395474798969456, 0.005392704641212647, 0.049209822929700574, 0.13867618794458844}, 1.0079913230636126},
-     {fp32_12_unaligned, 9, {0.007495009667715353, 0.0006096269960086218, 0.0, 0.32894415443519137, 2.020502685008684}, 1.0}
+     {fp32_6_aligned, 46, {0.005637572473957912, 0.0009425031674267228, 0.005463345468164612, 0.04854861210388136, 0.13143446378997062}, 1.0080601287212074},
+     {fp32_6_unaligned, 12, {0.00862539603386315, 0.0006044202374098283, 0.0, 0.33448694958326064, 1.8547475657245724}, 1.0}
      , false
      , false, 0
     },
-    {128, 128, 32, 8, 1, true, true,
-     {fp32_13_aligned, 46, {0.010898568740429928, 0.0008217364365894322, 0.004583097005298418, 0.06897687653620031, 1.5404966102350997}, 1.0422751280645353},
-     {fp32_13_unaligned, 9, {0.01683118873466043, 0.0005279241135234883, 0.0, 0.3009792971682995, 5.649108411226201}, 1.0}
+    {128, 128, 32, 32, 1, true, true,
+     {fp32_7_aligned, 46, {0.012956403703571118, 0.0008867649018150041, 0.002665459922986139, 0.06278363478317947, 7.898842539940745}, 1.2634109536872844},
+     {fp32_7_unaligned, 12, {0.035865817719274516, 0.0, 0.0005533775002549561, 0.4711900343098407, 21.00826731901023}, 1.0}
      , false
      , false, 0
     },
-    {64, 64, 32, 1, 1, true, true,
-     {fp32_14_aligned, 46, {0.005149551930967941, 0.0006511666003264432, 0.001381466485155781, 0.0, 0.0}, 1.0270978987373487},
-     {fp32_14_unaligned, 9, {0.00923422143033354, 0.000655961227623472, 0.0005578016338037187, 0.008236030078010041, 0.0}, 1.0}
-     , false
-     , false, 0
-    },
-    {64, 64, 32, 4, 1, true, true,
-     {fp32_15_aligned, 46, {0.005699176112240191, 0.000519972827691345, 0.0029095359464408397, 0.0, 0.0}, 1.0},
-     {fp32_15_unaligned, 9, {0.016116723951794594, 0.0004841594608191257, 0.001939679486752289, 0.0, 1.1166842738132743}, 1.0}
-     , false
-     , false, 0
-    },
-    {64, 128, 32, 2, 1, true, true,
-     {fp32_16_aligned, 46, {0.005702918780180925, 0.0007107409693422387, 0.003956098496452968, 0.009531944937763812, 0.0}, 1.0077453863171624},
-     {fp32_16_unaligned, 9, {0.012893509174159429, 0.0006458407016411567, 0.006563020493454207, 0.1289287685454299, 0.0}, 1.0}
-     , false
-     , false, 0
-    },
-    {64, 128, 32, 4, 1, true, true,
-     {fp32_17_aligned, 46, {0.009149408659846633, 0.0007586079697692103, 0.003225344327692519, 0.0, 0.0}, 1.0135593458145997},
-     {fp32_17_unaligned, 9, {0.019029008653554544, 0.0004379595888381091, 0.004674283748105755, 0.1960683752462997, 0.0}, 1.0}
-     , false
-     , false, 0
-    },
-    {128, 128, 32, 16, 1, true, true,
-     {fp32_18_aligned, 46, {0.013991559733388002, 0.0008080601706329135, 0.003082133755869015, 0.07465669258782351, 3.8240375850856405}, 1.1087835048692483},
-     {fp32_18_unaligned, 9, {0.022036075756193717, 0.0, 0.001862444709934466, 0.45641926119771975, 8.050333645370184}, 1.0}
+    {128, 64, 32, 1, 1, true, true,
+     {fp32_8_aligned, 46, {0.005289475456998489, 0.0007020500081012648, 0.0008443923947146516, 0.007317423525025332, 0.0}, 1.032830754429579},
+     {fp32_8_unaligned, 12, {0.010379067356963721, 0.000416463655274827, 0.008694382544070862, 0.1691338603496338, 0.0}, 1.0}
      , false
      , false, 0
     },
     {16, 4, 512, 1, 2, true, false,
-     {fp32_19_aligned, 11, {0.02140361817171178, 0.00039796960551181736, 0.0, 0.0, 41.573517453326396}, 1.0},
-     {fp32_19_unaligned, 3, {0.0, 0.0010830835626440853, 0.0, 0.0, 0.0}, 1.0}
+     {fp32_9_aligned, 11, {0.021104139302165904, 0.0004238201326628937, 0.0, 0.0, 39.70404691654624}, 1.0},
+     {fp32_9_unaligned, 6, {0.0, 0.001135459813786366, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 0
     },
+    {128, 128, 32, 8, 1, true, true,
+     {fp32_10_aligned, 46, {0.01081502862210077, 0.0008249661452484723, 0.004587668490186284, 0.06818172645012813, 1.5442641669970212}, 1.0422588075372419},
+     {fp32_10_unaligned, 12, {0.017114832375437098, 0.0, 0.005222686781022635, 0.4181355735332627, 3.322292918054278}, 1.0}
+     , false
+     , false, 0
+    },
+    {128, 128, 32, 1, 1, true, true,
+     {fp32_11_aligned, 46, {0.006862450757013201, 0.0009404053357113907, 0.0014824707632755726, 0.051071747129527265, 0.0}, 1.028129484376048},
+     {fp32_11_unaligned, 12, {0.0, 0.0007610062203357834, 0.0043293271079934146, 0.30636034922915, 0.0}, 1.0}
+     , false
+     , false, 0
+    },
+    {64, 64, 32, 1, 1, true, true,
+     {fp32_12_aligned, 46, {0.005155510404229572, 0.0006508396765599983, 0.0013830629227241853, 0.0, 0.0}, 1.0271795994495707},
+     {fp32_12_unaligned, 12, {0.009209353830162206, 0.000649197781826856, 0.0005415330513159362, 0.01179009485676257, 0.0}, 1.0}
+     , false
+     , false, 0
+    },
+    {16, 16, 512, 1, 2, true, false,
+     {fp32_13_aligned, 11, {0.012731208464527034, 0.0025000322182908113, 0.0019054591178930549, 0.06416735882845075, 0.0}, 1.0},
+     {fp32_13_unaligned, 6, {0.008357073466892868, 0.004514905402776286, 0.0, 0.0, 0.0}, 1.0}
+     , false
+     , true, 3
+    },
+    {16, 16, 512, 1, 3, true, false,
+     {fp32_14_aligned, 11, {0.009452206246665505, 0.0012725432689718438, 0.009008377582807708, 0.12446696290865679, 2.4826380386293674}, 1.0},
+     {fp32_14_unaligned, 6, {0.0, 0.0052565501452301435, 0.0, 0.0, 0.0}, 1.0}
+     , false
+     , true, 0
+    },
+    {64, 128, 32, 4, 1, true, true,
+     {fp32_15_aligned, 46, {0.009139640111860995, 0.0007587305560718219, 0.0032368771233390933, 0.0, 0.0}, 1.013653517160951},
+     {fp32_15_unaligned, 12, {0.01823647504669654, 0.000581922634707851, 0.0047369520293253226, 0.15046431379491293, 0.0}, 1.0}
+     , false
+     , false, 0
+    },
+    {128, 64, 32, 4, 1, true, true,
+     {fp32_16_aligned, 46, {0.0068501034879043365, 0.0007466137260213401, 0.003236161238869299, 0.0, 0.0}, 1.0088944937433442},
+     {fp32_16_unaligned, 12, {0.01867900967139297, 0.00035608886139866736, 0.0, 0.1930820710699582, 2.849818768036163}, 1.0}
+     , false
+     , false, 0
+    },
+    {64, 64, 32, 4, 1, true, true,
+     {fp32_17_aligned, 46, {0.0056716218327876565, 0.0005190776391590529, 0.0029416271658331988, 0.0, 0.0}, 1.0},
+     {fp32_17_unaligned, 12, {0.018332779368170484, 0.0005099308250532366, 0.002149689823446532, 0.0, 0.38448248062047957}, 1.0}
+     , false
+     , false, 0
+    },
+    {128, 128, 32, 16, 1, true, true,
+     {fp32_18_aligned, 46, {0.01385675021054341, 0.000809030263023963, 0.00309806136004107, 0.07456157978093293, 3.812957955176808}, 1.1085800782405033},
+     {fp32_18_unaligned, 12, {0.02432308332527225, 0.00011794554975041575, 0.0008799015980270304, 0.4402067536802618, 8.632507564554734}, 1.0}
+     , false
+     , false, 0
+    },
     {128, 64, 32, 1, 1, true, false,
-     {fp32_20_aligned, 46, {0.005324094469842852, 0.0014570714416872333, 0.0016317114175520698, 0.07894883203054956, 0.0}, 1.298578869594856},
-     {fp32_20_unaligned, 9, {0.0, 0.0018170624355595786, 0.013521194988890026, 0.06754667733310302, 0.0}, 1.0}
+     {fp32_19_aligned, 46, {0.005350809023186226, 0.0014535740731026852, 0.0016302790826330888, 0.07992294885434158, 0.0}, 1.298506999785858},
+     {fp32_19_unaligned, 12, {0.0, 0.001756994715878943, 0.013644883322922458, 0.08661902371499434, 0.0}, 1.0}
      , false
      , false, 0
     },
@@ -22056,12 +19900,15 @@ static void features(const Member& m, int M, int N, int K, int sm_count, int bat
         const long long rows = M < N ? M : N, cols = M < N ? N : M;
         const long long blocks = batch * ceil_div(cols, m.BN), passes = ceil_div(rows, m.BM);
         const long long waves = ceil_div(blocks, (long long)sm_count * m.slots_per_sm);
+        // the waves' share of the K loop: blocks over the slots, at least one (a partial last wave of a
+        // memory-bound kernel reads as fast as a full one)
+        const double filled = fmax(1.0, (double)blocks / ((double)sm_count * m.slots_per_sm));
         // the tensor path (mma.sync, decode_products per k step) at every row count: no per-row reads
         const bool tensor = m.decode_products > 0;
         const double work_rows = tensor ? 2.0 * (double)m.decode_products : (double)rows;
         const double per_row = tensor ? 0.0 : (double)rows / 10;
         f[0] = 1.0;
-        f[1] = (double)(waves * passes * ceil_div(K, m.BK)) * (1.0 + per_row);
+        f[1] = filled * (double)(passes * ceil_div(K, m.BK)) * (1.0 + per_row);
         f[2] = (double)waves;
         f[3] = 4.0 * K * ((double)batch * cols * passes + (double)blocks * rows) / 1e9;
         f[4] = (double)waves * m.BN * K * work_rows / 1e9;  // the busiest block slot's multiply-adds, in G
@@ -22082,8 +19929,8 @@ static void features(const Member& m, int M, int N, int K, int sm_count, int bat
 // split call.
 static double predict(const Member& m, const Model& model, int M, int N, int K, int sm_count, int batch, bool split) {
     if (m.decode && (M < N ? M : N) > 16) return HUGE_VAL;  // the decode member takes M or N <= 16
-    // a matrix-vector product: an FFMA decode member's, in FP32 (as cuBLAS)
-    if ((M < N ? M : N) == 1 && !(m.decode && m.decode_products == 0)) return HUGE_VAL;
+    // a matrix-vector product: an FFMA decode member's, in FP32 (as cuBLAS), where the library has one
+    if (true && (M < N ? M : N) == 1 && !(m.decode && m.decode_products == 0)) return HUGE_VAL;
     // M of 1 to 8 (0: no such rule): cuBLAS FP32's sums are short there; FFMA decode members only
     if (M > 0 && M <= 8 && !(m.decode && m.decode_products == 0))
         return HUGE_VAL;
@@ -22121,7 +19968,7 @@ static int best(int M, int N, int K, bool use_aligned, bool split, int sm_count,
                 int batch, double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 21; ++i) {
+    for (int i = 0; i < 20; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -22140,7 +19987,7 @@ static int choose(int M, int N, int K, bool aligned, bool split, int sm_count, b
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, split, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 21; ++i)
+    for (int i = 0; i < 20; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -22374,7 +20221,7 @@ extern "C" int gemmgen_fp32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 20;  // a GPU this library was not tuned for: the portable member
+    int pick = 19;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -22411,7 +20258,6 @@ extern "C" int gemmgen_fp32_batched(int M, int N, int K, float alpha, const floa
     case 17: return gemmgen_fp32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 18: return gemmgen_fp32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 19: return gemmgen_fp32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
-    case 20: return gemmgen_fp32_20_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }

@@ -61,7 +61,7 @@ def test_every_candidate_is_timed_once_and_ranked_beside_cublas(monkeypatch, cap
     assert lines[0].startswith("== 5x7000x3000: cuBLAS TF32 ")
     ranked = [float(line.split()[0]) for line in lines[1:]]
     assert len(ranked) == 3 and ranked == sorted(ranked)       # the fastest three, fastest first
-    assert all(re.fullmatch(r" +[0-9.]+ us +[0-9.]+x  lib_tf32_\w+ block=.*", line) for line in lines[1:])
+    assert all(re.fullmatch(r" +[0-9.]+ us +[0-9.]+x  lib_tf32_\w+ (block|decode)=.*", line) for line in lines[1:])
     again = FakeGpu(tmp_path / "again.log").install(monkeypatch)
     assert run(monkeypatch, capsys, "tf32", "5x7000x3000", "--out", str(db), "--top", "3") == out
     assert again.tasks == []                                   # resumed: nothing timed twice

@@ -17,9 +17,9 @@ from ..plan import Plan, make_plan
 from ..plan.parts.decode import PRODUCTS
 from ..plan.space import describe, to_text
 from .model import (MANIFEST_FORMAT, MAX_MEMBERS, Library, Measurements, kernel_key, measured_at, member_shape,
-                    portable_member, read_db, select_members, shape_class, shape_key, slots_per_sm)
-from .selection import (Candidate, MemberShape, Model, choose, fit_all, leave_one_out, measured_key, serves,
-                        short_sum_rows)
+                    may_take, portable_member, read_db, select_members, shape_class, shape_key, slots_per_sm)
+from .selection import (Candidate, MemberShape, Model, choose, ffma_decode, fit_all, leave_one_out, measured_key,
+                        serves, short_sum_rows)
 
 
 class ManifestError(ValueError):
@@ -106,7 +106,7 @@ class TunedShape:
     cublas_ms: float | None
     chosen: int                  # index of the member the choice takes here
     ms: dict[int, float]         # member index -> measured ms (the members timed here)
-    best_candidate_ms: float | None  # the fastest candidate timed here, kept or not
+    best_candidate_ms: float | None  # the fastest candidate timed here that the choice may take, kept or not
     batch: int = 1                   # a strided batch of this many matrices
 
     @property
@@ -286,12 +286,14 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
     candidates = [Candidate(ms, dict(pc), beta=f[0], needs_sm90a=f[1])
                   for ms, pc, f in zip(member_shapes, models, flags)]
     table = []
+    ffma = any(ffma_decode(member_shape(p)) for p in plans)
     for s in shapes:
         times = {i: m.times[(kernel_key(p), shape_key(s))] for i, p in enumerate(kept)
                  if (kernel_key(p), shape_key(s)) in m.times}
         cls = shape_class(s, layouts)
         best_any = min((m.times[(kernel_key(p), shape_key(s))] for p in plans
-                        if (kernel_key(p), shape_key(s)) in m.times), default=None)
+                        if (kernel_key(p), shape_key(s)) in m.times and may_take(p, s, ffma, exact_rows)),
+                       default=None)
         table.append(TunedShape(s.M, s.N, s.K, s.pad, cls, m.cublas.get(shape_key(s)),
                                 choose(candidates, s.M, s.N, s.K, cls, sm_count, batch=s.batch, exact_rows=exact_rows), times, best_any,
                                 s.batch))

@@ -156,6 +156,12 @@ def portable_member(plan: Plan) -> bool:
     return not plan.arch.has_wgmma and plan.beta and plan.path != "decode"
 
 
+def may_take(plan: Plan, shape: LibraryShape, ffma: bool, exact_rows: int) -> bool:
+    """Whether the choice may take the candidate at a tuned shape: at most `exact_rows` rows, where the
+    library has an FFMA decode candidate (`ffma`), only those (selection.short_sum_call)."""
+    return not (ffma and 0 < shape.M <= exact_rows) or ffma_decode(member_shape(plan))
+
+
 def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape], limit: int,
                    exact_rows: int = 0) -> list[Plan]:
     """Greedy: add the candidate that most lowers the sum over shapes of log(kept best / best), where
@@ -166,11 +172,8 @@ def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape
     keys = [shape_key(s) for s in shapes]
     ffma = any(ffma_decode(member_shape(p)) for p in plans)
     # times[i][j]: plan i's time at shape j where the choice may take it there (else None)
-    times = []
-    for plan in plans:
-        key, member = kernel_key(plan), member_shape(plan)
-        times.append([m.times.get((key, k)) if not (ffma and 0 < s.M <= exact_rows) or ffma_decode(member)
-                      else None for k, s in zip(keys, shapes)])
+    times = [[m.times.get((kernel_key(plan), k)) if may_take(plan, s, ffma, exact_rows) else None
+              for k, s in zip(keys, shapes)] for plan in plans]
     best = [min((row[j] for row in times if row[j] is not None), default=None) for j in range(len(keys))]
 
     def cost(kept_best: list[float | None]) -> float:
