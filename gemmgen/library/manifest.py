@@ -17,7 +17,7 @@ from ..plan import Plan, make_plan
 from ..plan.parts.decode import PRODUCTS
 from ..plan.space import describe, to_text
 from .model import (MANIFEST_FORMAT, MAX_MEMBERS, Library, Measurements, kernel_key, measured_at, member_shape,
-                    may_take, portable_member, read_db, select_members, shape_class, shape_key, slots_per_sm)
+                    decode_only_at, may_take, portable_member, read_db, select_members, shape_class, shape_key, slots_per_sm)
 from .selection import (Candidate, MemberShape, Model, choose, ffma_decode, fit_all, leave_one_out, measured_key,
                         serves, short_sum_rows)
 
@@ -263,7 +263,7 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
     complete = [p for p in plans if all((kernel_key(p), shape_key(s)) in m.times for s in shapes
                                         if serves(member_shape(p), s.M, s.N))]
     exact_rows = short_sum_rows(library.precision)
-    kept = select_members(complete if len(complete) >= 2 else plans, m, shapes, max_members, exact_rows)
+    kept = select_members(complete if len(complete) >= 2 else plans, m, shapes, max_members, exact_rows, layouts)
     sm_count = _sm_count(by_device[device])
     slots = {kernel_key(p): slots_per_sm(p) for p in kept}
     member_shapes = [member_shape(p, slots[kernel_key(p)]) for p in kept]
@@ -292,7 +292,8 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
                  if (kernel_key(p), shape_key(s)) in m.times}
         cls = shape_class(s, layouts)
         best_any = min((m.times[(kernel_key(p), shape_key(s))] for p in plans
-                        if (kernel_key(p), shape_key(s)) in m.times and may_take(p, s, ffma, exact_rows)),
+                        if (kernel_key(p), shape_key(s)) in m.times
+                        and may_take(p, s, ffma, exact_rows, decode_only_at(kept, s, layouts))),
                        default=None)
         table.append(TunedShape(s.M, s.N, s.K, s.pad, cls, m.cublas.get(shape_key(s)),
                                 choose(candidates, s.M, s.N, s.K, cls, sm_count, batch=s.batch, exact_rows=exact_rows), times, best_any,

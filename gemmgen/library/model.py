@@ -15,7 +15,7 @@ from ..language.spec import LibrarySpec, Spec
 from ..plan import Plan
 from ..plan.space import point_key
 from ..tuning import database as tuning_db
-from .selection import MemberShape, alignment_class, ffma_decode, tight_leading_dimensions
+from .selection import DECODE_ROWS, MemberShape, alignment_class, ffma_decode, tight_leading_dimensions
 
 MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
@@ -156,24 +156,35 @@ def portable_member(plan: Plan) -> bool:
     return not plan.arch.has_wgmma and plan.beta and plan.path != "decode"
 
 
-def may_take(plan: Plan, shape: LibraryShape, ffma: bool, exact_rows: int) -> bool:
+def may_take(plan: Plan, shape: LibraryShape, ffma: bool, exact_rows: int, decode_only: bool = False) -> bool:
     """Whether the choice may take the candidate at a tuned shape: at most `exact_rows` rows, where the
-    library has an FFMA decode candidate (`ffma`), only those (selection.short_sum_call)."""
-    return not (ffma and 0 < shape.M <= exact_rows) or ffma_decode(member_shape(plan))
+    library has an FFMA decode candidate (`ffma`), only those (selection.short_sum_call); where
+    `decode_only` (selection.decode_call), only decode candidates."""
+    member = member_shape(plan)
+    return (not (ffma and 0 < shape.M <= exact_rows) or ffma_decode(member)) and (not decode_only or member.decode)
+
+
+def decode_only_at(plans: list[Plan], shape: LibraryShape, layouts: dict[str, str]) -> bool:
+    """selection.decode_call at a tuned shape: aligned rows, M or N at most DECODE_ROWS, and a decode
+    candidate among `plans`."""
+    return (shape_class(shape, layouts) != "unaligned" and min(shape.M, shape.N) <= DECODE_ROWS
+            and any(p.path == "decode" for p in plans))
 
 
 def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape], limit: int,
-                   exact_rows: int = 0) -> list[Plan]:
+                   exact_rows: int = 0, layouts: dict[str, str] | None = None) -> list[Plan]:
     """Greedy: add the candidate that most lowers the sum over shapes of log(kept best / best), where
     a shape no kept candidate was timed at counts as 4x slower; stop at `limit` or when nothing
     gains GAIN_PER_SHAPE (0.1%) a shape. Always keeps a portable candidate (portable_member). At a
     shape of at most `exact_rows` rows only the candidates the choice may take there count
-    (selection.short_sum_call: FFMA sums)."""
+    (selection.short_sum_call: FFMA sums), and with `layouts`, at an aligned decode-sized shape only
+    the decode candidates (selection.decode_call)."""
     keys = [shape_key(s) for s in shapes]
     ffma = any(ffma_decode(member_shape(p)) for p in plans)
     # times[i][j]: plan i's time at shape j where the choice may take it there (else None)
-    times = [[m.times.get((kernel_key(plan), k)) if may_take(plan, s, ffma, exact_rows) else None
-              for k, s in zip(keys, shapes)] for plan in plans]
+    decode_only = [layouts is not None and decode_only_at(plans, s, layouts) for s in shapes]
+    times = [[m.times.get((kernel_key(plan), k)) if may_take(plan, s, ffma, exact_rows, only) else None
+              for k, s, only in zip(keys, shapes, decode_only)] for plan in plans]
     best = [min((row[j] for row in times if row[j] is not None), default=None) for j in range(len(keys))]
 
     def cost(kept_best: list[float | None]) -> float:

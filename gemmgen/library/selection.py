@@ -393,18 +393,31 @@ def short_sum_call(candidates: list[Candidate], M: int, N: int, exact_rows: int)
     return 0 < M <= exact_rows and any(ffma_decode(c.shape) and _has_models(c) for c in candidates)
 
 
+def decode_call(candidates: list[Candidate], M: int, N: int, cls: str) -> bool:
+    """Whether a call goes only to the decode members: M or N at most DECODE_ROWS, rows 16-byte aligned
+    (the aligned models' classes), and the library has a decode member with aligned models. At an
+    H100's tuned calls of that kind a decode member was the fastest of all in both libraries but at
+    one (tf32 16x8192x4096, 4%), while the tile members' models, fitted mostly on calls bound by their
+    multiply-adds, predicted rates past HBM's at calls they were not tuned at (tf32 11008x4x4096: 57
+    us, 0.94 of the peak; the member measured 0.56, the decode members 0.77). Unaligned rows are left
+    to every member: the decode kernel's scalar loads lost 19% to a split-K tile at 13x5000x3001."""
+    return (model_class(cls) == "aligned" and min(M, N) <= DECODE_ROWS
+            and any(c.shape.decode and c.models.get("aligned") for c in candidates))
+
+
 def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,
                   beta_used: bool, sm90a: bool, batch: int, exact_rows: int = 0) -> tuple[int, float]:
     """The eligible member predicted fastest in one class (SPLIT: by the aligned models), and its
     predicted ms ((-1, inf) where none has a model of that class). A matrix-vector product goes to
-    the FFMA decode members (vector_call), and so does a call of M up to `exact_rows` (short_sum_call)."""
+    the FFMA decode members (vector_call), and so does a call of M up to `exact_rows` (short_sum_call);
+    an aligned call of M or N up to DECODE_ROWS to the decode members (decode_call)."""
     best, best_ms = -1, math.inf
-    decode_only = vector_call(candidates, M, N)
-    ffma_only = short_sum_call(candidates, M, N, exact_rows)
+    ffma_only = vector_call(candidates, M, N) or short_sum_call(candidates, M, N, exact_rows)
+    decode_only = decode_call(candidates, M, N, cls)
     for index, c in enumerate(candidates):
         model = c.models.get(model_class(cls))
-        if model is None or not _eligible(c, beta_used, sm90a) or (decode_only and not ffma_decode(c.shape)) \
-                or (ffma_only and not ffma_decode(c.shape)):
+        if model is None or not _eligible(c, beta_used, sm90a) or (ffma_only and not ffma_decode(c.shape)) \
+                or (decode_only and not c.shape.decode):
             continue
         ms = predict(c.shape, model, M, N, K, sm_count, batch, cls == SPLIT)
         if ms < best_ms:
@@ -519,9 +532,12 @@ def leave_one_out(shapes: list[MemberShape], measurements: list[dict[tuple, floa
         models = fit_all(shapes, [{k: v for k, v in m.items() if k != key} for m in measurements], sm_count)
         candidates = [Candidate(s, models[i], beta=flags[i][0], needs_sm90a=flags[i][1])
                       for i, s in enumerate(shapes)]
-        # the best of the members the choice may take here (few rows in the fp32 library: FFMA sums)
+        # the best of the members the choice may take here (few rows in the fp32 library: FFMA sums;
+        # an aligned decode-sized call: decode members)
         ffma_only = short_sum_call(candidates, M, N, exact_rows)
-        known = [ms for i, ms in enumerate(measured_here) if ms and (not ffma_only or ffma_decode(shapes[i]))]
+        decode_only = decode_call(candidates, M, N, cls)
+        known = [ms for i, ms in enumerate(measured_here)
+                 if ms and (not ffma_only or ffma_decode(shapes[i])) and (not decode_only or shapes[i].decode)]
         if not known:
             continue
         # Only members measured here can be judged (the rest are eligible but have no time to compare).

@@ -229,7 +229,7 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
     m = _only(measured(), phase1 + phase2)
     valid = [p for p in valid if m.valid(kernel_key(p))]  # less any that crashed while timed
     stage("choosing members")
-    chosen = select_members(valid, m, shapes, MAX_MEMBERS, short_sum_rows(library.precision))
+    chosen = select_members(valid, m, shapes, MAX_MEMBERS, short_sum_rows(library.precision), library.layouts)
     # Specialists by phases 1 and 2, and by all the database holds of this GPU: a candidate an
     # earlier run timed at most shapes (before the shapes grew, say) can win where the chosen are
     # weak, and the build keeps only candidates timed at every shape.
