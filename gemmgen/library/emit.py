@@ -63,7 +63,7 @@ def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> 
         short_sum_rows=short_sum_rows(manifest.precision) if any(ffma_decode(m.shape) for m in manifest.members) else 0,
         # a matrix-vector product: FFMA decode members only, where there is one (selection.vector_call)
         vector_rule="true" if any(ffma_decode(m.shape) for m in manifest.members) else "false",
-        # an aligned call of M or N <= DECODE_ROWS: decode members only, where one has aligned models (decode_call)
+        # an aligned call of N <= DECODE_ROWS (below M): decode members only, where one has aligned models (decode_call)
         decode_rule="true" if any(m.decode and m.models.get("aligned") for m in manifest.members) else "false",
         loo_median=manifest.leave_one_out.median, loo_worst=manifest.leave_one_out.worst,
         cc=f"{cc[0]}.{cc[1]}", cc_major=cc[0], cc_minor=cc[1], portable=portable,

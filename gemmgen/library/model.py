@@ -165,9 +165,9 @@ def may_take(plan: Plan, shape: LibraryShape, ffma: bool, exact_rows: int, decod
 
 
 def decode_only_at(plans: list[Plan], shape: LibraryShape, layouts: dict[str, str]) -> bool:
-    """selection.decode_call at a tuned shape: aligned rows, M or N at most DECODE_ROWS, and a decode
-    candidate among `plans`."""
-    return (shape_class(shape, layouts) != "unaligned" and min(shape.M, shape.N) <= DECODE_ROWS
+    """selection.decode_call at a tuned shape: aligned rows, N at most DECODE_ROWS and below M, and a
+    decode candidate among `plans`."""
+    return (shape_class(shape, layouts) != "unaligned" and shape.N <= DECODE_ROWS and shape.M > shape.N
             and any(p.path == "decode" for p in plans))
 
 
@@ -177,7 +177,7 @@ def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape
     a shape no kept candidate was timed at counts as 4x slower; stop at `limit` or when nothing
     gains GAIN_PER_SHAPE (0.1%) a shape. Always keeps a portable candidate (portable_member). At a
     shape of at most `exact_rows` rows only the candidates the choice may take there count
-    (selection.short_sum_call: FFMA sums), and with `layouts`, at an aligned decode-sized shape only
+    (selection.short_sum_call: FFMA sums), and with `layouts`, at an aligned shape of few columns only
     the decode candidates (selection.decode_call)."""
     keys = [shape_key(s) for s in shapes]
     ffma = any(ffma_decode(member_shape(p)) for p in plans)

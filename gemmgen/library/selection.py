@@ -394,14 +394,16 @@ def short_sum_call(candidates: list[Candidate], M: int, N: int, exact_rows: int)
 
 
 def decode_call(candidates: list[Candidate], M: int, N: int, cls: str) -> bool:
-    """Whether a call goes only to the decode members: M or N at most DECODE_ROWS, rows 16-byte aligned
-    (the aligned models' classes), and the library has a decode member with aligned models. At an
-    H100's tuned calls of that kind a decode member was the fastest of all in both libraries but at
-    one (tf32 16x8192x4096, 4%), while the tile members' models, fitted mostly on calls bound by their
-    multiply-adds, predicted rates past HBM's at calls they were not tuned at (tf32 11008x4x4096: 57
-    us, 0.94 of the peak; the member measured 0.56, the decode members 0.77). Unaligned rows are left
-    to every member: the decode kernel's scalar loads lost 19% to a split-K tile at 13x5000x3001."""
-    return (model_class(cls) == "aligned" and min(M, N) <= DECODE_ROWS
+    """Whether a call goes only to the decode members: N at most DECODE_ROWS and below M (the decode
+    kernel's mirrored orientation, C^T = B^T A^T), rows 16-byte aligned (the aligned models' classes),
+    and the library has a decode member with aligned models. The tile members' models rest there on
+    the few tuned calls of N <= 16 (all of 4096 rows) and predicted rates past HBM's at wider ones: the
+    tf32 library sent 11008x4x4096 to a 128x128 tile predicted at 57 us (0.94 of an H100's peak) that
+    ran at 0.56 of it, where the decode members read 0.77 (0.78x cuBLAS TF32; 1.05x with this rule).
+    Where M is the small one the tile members were tuned at many such calls, and a split-K tile beat
+    every decode member by 19% at 10x9216x3072 (tf32): the models choose there. Unaligned rows are left
+    to every member (the decode kernel's scalar loads lost 16% to a tile at 13x5000x3001)."""
+    return (model_class(cls) == "aligned" and N <= DECODE_ROWS and M > N
             and any(c.shape.decode and c.models.get("aligned") for c in candidates))
 
 
@@ -410,7 +412,7 @@ def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str,
     """The eligible member predicted fastest in one class (SPLIT: by the aligned models), and its
     predicted ms ((-1, inf) where none has a model of that class). A matrix-vector product goes to
     the FFMA decode members (vector_call), and so does a call of M up to `exact_rows` (short_sum_call);
-    an aligned call of M or N up to DECODE_ROWS to the decode members (decode_call)."""
+    an aligned call of N up to DECODE_ROWS (and below M) to the decode members (decode_call)."""
     best, best_ms = -1, math.inf
     ffma_only = vector_call(candidates, M, N) or short_sum_call(candidates, M, N, exact_rows)
     decode_only = decode_call(candidates, M, N, cls)
@@ -533,7 +535,7 @@ def leave_one_out(shapes: list[MemberShape], measurements: list[dict[tuple, floa
         candidates = [Candidate(s, models[i], beta=flags[i][0], needs_sm90a=flags[i][1])
                       for i, s in enumerate(shapes)]
         # the best of the members the choice may take here (few rows in the fp32 library: FFMA sums;
-        # an aligned decode-sized call: decode members)
+        # an aligned call of few columns: decode members)
         ffma_only = short_sum_call(candidates, M, N, exact_rows)
         decode_only = decode_call(candidates, M, N, cls)
         known = [ms for i, ms in enumerate(measured_here)
