@@ -9,12 +9,12 @@
 //   }
 //
 // FP32-accurate (timed against cuBLAS FP32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 60 shapes; 96 candidate kernels
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 58 shapes; 96 candidate kernels
 // timed, 20 kept:
 //   fp32_0   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k  (sm_90a, from lib_3xtf32_streamk)
 //   fp32_1   decode=2x8x1  (sm_90, from lib_fp32_decode)
 //   fp32_2   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
-//   fp32_3   decode=4x16x2 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
+//   fp32_3   decode=2x16x1 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
 //   fp32_4   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
 //   fp32_5   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_3xtf32_split)
 //   fp32_6   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
@@ -23,8 +23,8 @@
 //   fp32_9   decode=1x8x2  (sm_90, from lib_fp32_decode)
 //   fp32_10  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_3xtf32_split)
 //   fp32_11  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_3xtf32_persistent)
-//   fp32_12  block=64x64x32 math=3xtf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_3xtf32_async)
-//   fp32_13  decode=4x8x2 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
+//   fp32_12  decode=4x8x2 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
+//   fp32_13  block=64x64x32 math=3xtf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_3xtf32_async)
 //   fp32_14  decode=4x4x1  (sm_90, from lib_fp32_decode)
 //   fp32_15  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
 //   fp32_16  block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
@@ -2973,7 +2973,7 @@ static inline int gemmgen_fp32_2(int M, int N, int K, float alpha, const float* 
 //   kernel fp32_3 {
 //     target   sm_90
 //     layout   A row, B col, C row
-//     decode   columns 4 warps 16 slices 2
+//     decode   columns 2 warps 16 slices 1
 //     math     3xtf32
 //     epilogue alpha beta
 //   }
@@ -2985,7 +2985,7 @@ static inline int gemmgen_fp32_2(int M, int N, int K, float alpha, const float* 
 //   math                     3xtf32: every pass on the tensor cores, mma.sync m16n8k8 3xTF32 (A and B split into big + small TF32 parts, rounded to nearest; big x big + big x small + small x big: FP32-accurate)
 //   orientation              M <= N: rows of A read through L1, columns of B streamed; M > N: C^T = B^T A^T, columns of B read through L1, rows of A streamed
 //   rows per pass            8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   threads per block        512 (16 warps: 8 column group(s) of 2 warp(s), each a slice of K) = 32 columns
+//   threads per block        512 (16 warps: 16 column group(s) of 1 warp(s), each a slice of K) = 32 columns
 //   tensor path              2 tile(s) of 16 columns per block (the MMA's M), 8 warp(s) per tile, each a slice of K; the rows the MMA's N, 8 at a time; per lane 8 float4s of its two columns in flight (two batches of a chunk of two consecutive float4s of each: a column's 4 lanes read 128 bytes in a row), each float4 two k steps of 3 mma.sync per 8 rows; the small operand's rows read through L1
 //   K slices' sums           3584 shared floats, added in slice order (deterministic)
 //   registers (estimate)     92 live floats per lane at 16 rows, 92 at 1
@@ -3007,16 +3007,16 @@ namespace gemmgen_fp32_3_impl {
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
 // memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
 // K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 4;  // columns per warp
+constexpr int COLUMNS = 2;  // columns per warp
 constexpr int WARPS = 16;
-constexpr int SLICES = 2;  // warps per column group, each a slice of K
+constexpr int SLICES = 1;  // warps per column group, each a slice of K
 constexpr int GROUPS = WARPS / SLICES;  // column groups per block
 constexpr int BLOCK_COLS = 32;  // columns per block = COLUMNS * GROUPS
 constexpr int THREADS = 512;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
 constexpr int PART_FLOATS = 3584;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 2;  // steps per lane whose loads are issued together
+constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
@@ -11913,531 +11913,6 @@ static inline int gemmgen_fp32_11(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel fp32_12 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 64 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 async
-//     raster   group 8
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma fed through registers)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 2 loader warpgroup(s), 2 K tile(s) in flight each, + 1 consumer warpgroup(s) of 64 x 64
-//   registers                  160 per loader thread, 184 per consumer thread (setmaxnreg); 32 accumulators
-//   shared memory              4 stages of A and B tiles rounded to TF32 and A's and B's TF32 remainders, K-major, 128-byte swizzle; 132160 bytes per block
-//   loads                      A: 16 B along K when aligned, else 4 B; B: 16 B along K when aligned, else 4 B
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C
-//   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_12_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 132160;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_12_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_12_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_12_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_12_kernel<true> : gemmgen_fp32_12_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 13: fp32_13 ===========================================
-// gemmgen_fp32_13: generated by gemmgen 0.1.0 from <library fp32: fp32_13> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_13 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     decode   columns 4 warps 8 slices 2
@@ -12462,13 +11937,13 @@ static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float*
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_13_impl {
+namespace gemmgen_fp32_12_impl {
 
 // ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
@@ -12918,7 +12393,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 2)
-gemmgen_fp32_13_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_12_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -12964,6 +12439,531 @@ gemmgen_fp32_13_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
+}  // namespace gemmgen_fp32_12_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_12_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
+    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_12_kernel<true> : gemmgen_fp32_12_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 13: fp32_13 ===========================================
+// gemmgen_fp32_13: generated by gemmgen 0.1.0 from <library fp32: fp32_13> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_13 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 64 x 32
+//     math     3xtf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 async
+//     raster   group 8
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma fed through registers)
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 2 loader warpgroup(s), 2 K tile(s) in flight each, + 1 consumer warpgroup(s) of 64 x 64
+//   registers                  160 per loader thread, 184 per consumer thread (setmaxnreg); 32 accumulators
+//   shared memory              4 stages of A and B tiles rounded to TF32 and A's and B's TF32 remainders, K-major, 128-byte swizzle; 132160 bytes per block
+//   loads                      A: 16 B along K when aligned, else 4 B; B: 16 B along K when aligned, else 4 B
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C
+//   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_13_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 132160;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
+// same place in `small`.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        uint4 big_run, small_run;
+        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
+        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
+        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
+        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
+        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_13_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
+    // three products start from zero in tile_product, which is added into acc rounding to
+    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
+    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
+    float tile_product[TM][RN * TN];
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
 }  // namespace gemmgen_fp32_13_impl
 
 #ifndef __CUDACC_RTC__
@@ -12994,12 +12994,12 @@ static inline int gemmgen_fp32_13_batched(int M, int N, int K, float alpha, cons
     }
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
 
-    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
-    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_fp32_13_kernel<true> : gemmgen_fp32_13_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
@@ -18715,54 +18715,52 @@ struct Model { const Point* points; int count; double coef[5]; double split_rati
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; bool decode; int decode_products; };
 
 static const Point fp32_0_aligned[] = {
-    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.012476678341023688, 1, 0.0, 0},
-    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12054685541898222, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04847667947954631, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07442933242532626, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.037210730026462614, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06493534256656326, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02181805076538671, 1, 0.0, 0},
-    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, -0.0073025104972554945, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0586026999261741, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.029761978553752472, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.022294923800869327, 1, 0.0, 0},
-    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.026511540951767547, 1, 0.0, 0},
-    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.014934712191765658, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09094399958848953, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0025073762268537437, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10968000069260597, 0.0, 9.306377560173125, 8.317766166719343, -0.025519494349702056, 1, 0.0, 0},
-    {8, 11008, 4096, 0.11151999980211258, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.01173844698877258, 1, 0.0, 0},
-    {16, 4096, 4096, 0.05571199953556061, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.059215620859300336, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13808000087738037, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.0329136710885803, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0551999993622303, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.04998300733920628, 1, 0.0, 0},
-    {12, 5632, 2048, 0.043696001172065735, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.114265517020283, 1, 0.0, 0},
-    {10, 9216, 3072, 0.07745600119233131, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.024462626962810447, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08790399879217148, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.003188513026779594, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08966399729251862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0017278594276399976, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05430399999022484, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03720767609547872, 1, 0.0, 0},
-    {3, 4096, 11008, 0.11073600128293037, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.03561157711685366, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08910389275851462, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.7249440252780914, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0024818330911456476, 1, 0.0, 0},
-    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.037829462290954734, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0034963668298211748, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03537295858499413, 1, 0.0, 0},
-    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.015365603599470763, 1, 0.0, 0},
-    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.008022547270437056, 1, 0.0, 0},
-    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.00818566164444681, 1, 0.0, 0},
-    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.033111467721691316, 1, 0.0, 0},
-    {384, 384, 24576, 0.09884800016880035, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.11307902292704321, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9020799994468689, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.18257081327916272, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.0987520217895508, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.13672567674522623, 1, 0.0, 0},
-    {1536, 2560, 768, 0.07062400132417679, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.031150684668474482, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4485439956188202, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.009990198485904076, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.5181119441986084, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.025049972687168003, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1557279825210571, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.028026133943187523, 1, 0.0, 0},
-    {512, 512, 512, 0.18353600054979324, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.01585957324648592, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.12407999858260155, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08047442065574562, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03776000067591667, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.505883107027032, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.09641599655151367, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2495445927794394, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.10022400319576263, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06996870055051552, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.19092799723148346, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.011890244138113487, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0328934122911685, 1, 0.0, 1},
+    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.005774420759603512, 1, 0.0, 0},
+    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11693948209376283, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.037942392406850683, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07409209773886553, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03928746598262764, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06728338253019707, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022882020953952455, 1, 0.0, 0},
+    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, 0.005512579591176863, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.04804512172199402, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02346210004692855, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02212931807751041, 1, 0.0, 0},
+    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.026345935228408696, 1, 0.0, 0},
+    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.004145469343992923, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09094399958848953, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.008269968121918521, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10968000069260597, 0.0, 9.306377560173125, 8.317766166719343, -0.014287524759149635, 1, 0.0, 0},
+    {8, 11008, 4096, 0.11151999980211258, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0010765586076727494, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05571199953556061, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07104484053862256, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13808000087738037, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.022542738145051828, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0551999993622303, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.061812227018528246, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08790399879217148, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.008141938955873302, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08966399729251862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.008422810806308821, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05430399999022484, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04975882671307093, 1, 0.0, 0},
+    {3, 4096, 11008, 0.11073600128293037, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.025386552792508663, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0894062078127125, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.7249440252780914, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.004503792272550111, 1, 0.0, 0},
+    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.04016104888994351, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.020777239215597865, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.033101738705592534, 1, 0.0, 0},
+    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.009822514657810508, 1, 0.0, 0},
+    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.008752584501708124, 1, 0.0, 0},
+    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.006483114142595953, 1, 0.0, 0},
+    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.016634133688891828, 1, 0.0, 0},
+    {384, 384, 24576, 0.09884800016880035, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.11249017426076224, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9020799994468689, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.18081043098920135, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.0987520217895508, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.13481010806570162, 1, 0.0, 0},
+    {1536, 2560, 768, 0.07062400132417679, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.035335020031194826, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4485439956188202, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.011468465031688867, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.5181119441986084, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022749730768470533, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1557279825210571, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.026003840851992765, 1, 0.0, 0},
+    {512, 512, 512, 0.18353600054979324, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.01555725819228797, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.12407999858260155, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08031859896767977, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03776000067591667, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5231639794128088, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.09641599655151367, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2505494786399114, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.10022400319576263, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07657490731207642, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.19092799723148346, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012947729859390146, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03085594197976796, 1, 0.0, 1},
 };
 static const Point fp32_0_unaligned[] = {
     {2047, 2047, 2047, 0.2844800055027008, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027422527011633654, 1, 0.0, 0},
@@ -18779,19 +18777,17 @@ static const Point fp32_0_unaligned[] = {
     {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.16035934169141441, 1, 0.0, 0},
 };
 static const Point fp32_1_aligned[] = {
-    {1, 4096, 4096, 0.03657599911093712, 0.0, 8.317766166719343, 8.317766166719343, -0.010989838063216264, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08687999844551086, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.041053231562995465, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07657600194215775, 0.0, 9.306377560173125, 8.317766166719343, -0.014154895656139827, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09097599983215332, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.06246461973536822, 1, 0.0, 0},
-    {16, 4096, 4096, 0.05004800111055374, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.042950979660660756, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10268799960613251, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.052121219752487395, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04995200037956238, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04487099484171535, 1, 0.0, 0},
-    {12, 5632, 2048, 0.047279998660087585, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.04268098064076453, 1, 0.0, 0},
-    {10, 9216, 3072, 0.08972799777984619, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.16472873348521394, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06943999975919724, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.01043751410662492, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08064000308513641, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.05323848307160652, 1, 0.0, 0},
-    {5, 4096, 4096, 0.040511999279260635, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.013208475185857852, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08060800284147263, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.12282010878332945, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03657599911093712, 0.0, 8.317766166719343, 8.317766166719343, 0.01934010635856803, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08687999844551086, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0424693499805649, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07657600194215775, 0.0, 9.306377560173125, 8.317766166719343, 0.04354770291911668, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09097599983215332, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0335852613257885, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05004800111055374, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.04662211837844763, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10268799960613251, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.003401315579341368, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04995200037956238, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04854213355950225, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06943999975919724, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.012642475769004326, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08064000308513641, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.021376670487392297, 1, 0.0, 0},
+    {5, 4096, 4096, 0.040511999279260635, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.005452049399210494, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08060800284147263, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.09254257331275852, 1, 0.0, 0},
 };
 static const Point fp32_1_unaligned[] = {
     {4096, 1, 4096, 0.036607999354600906, 8.317766166719343, 0.0, 8.317766166719343, -0.11007780205374254, 1, 0.0, 0},
@@ -18802,54 +18798,52 @@ static const Point fp32_1_unaligned[] = {
     {13, 5000, 3001, 0.09271999821066856, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.22347105873708484, 1, 0.0, 0},
 };
 static const Point fp32_2_aligned[] = {
-    {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03697968029877577, 1, 0.0, 0},
-    {512, 512, 512, 0.02300800010561943, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03209504938343146, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.038975998759269714, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03984173658384158, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.143327996134758, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.035516415070410944, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.176144003868103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04731073808041999, 1, 0.0, 0},
-    {8192, 8192, 8192, 8.608575820922852, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0290284779037299, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5172160267829895, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.01298364480221485, 1, 0.0, 0},
-    {1, 4096, 4096, 0.12982399761676788, 0.0, 8.317766166719343, 8.317766166719343, 0.03211482787747456, 1, 0.0, 0},
-    {16, 8192, 4096, 0.13158400356769562, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.016509961437193348, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2526400089263916, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.029952557045502627, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2520959973335266, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.03130244922965782, 1, 0.0, 0},
-    {8192, 128, 8192, 0.25679999589920044, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.012814850153923892, 1, 0.0, 0},
-    {4096, 32, 4096, 0.13126400113105774, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.037411152313181234, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1298080012202263, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.01988295224997097, 1, 0.0, 0},
-    {1, 11008, 4096, 0.13478399813175201, 0.0, 9.306377560173125, 8.317766166719343, 0.03001789348937369, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1329600065946579, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.013043825603826503, 1, 0.0, 0},
-    {16, 4096, 4096, 0.13043199479579926, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.034008235039018966, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13831999897956848, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.035560667712016485, 1, 0.0, 0},
-    {4096, 16, 4096, 0.12992000579833984, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.030075177821984128, 1, 0.0, 0},
-    {12, 5632, 2048, 0.07065600156784058, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.035395527278445485, 1, 0.0, 0},
-    {10, 9216, 3072, 0.10263999924063683, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.02841483662355681, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13225600123405457, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.025214507713231634, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2540160119533539, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04532664510032559, 1, 0.0, 0},
-    {5, 4096, 4096, 0.12918399274349213, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.026431051665360236, 1, 0.0, 0},
-    {3, 4096, 11008, 0.3331359922885895, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03250118274804838, 1, 0.0, 0},
-    {4096, 4096, 512, 0.15600000321865082, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.025298834887014367, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.6432160139083862, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.025913408940784574, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3336799889802933, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.028552629913472627, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02067199908196926, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.04828009740307416, 1, 0.0, 0},
-    {16384, 4096, 64, 0.13814400136470795, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.006528555273115859, 1, 0.0, 0},
-    {256, 256, 32768, 0.9972800016403198, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.07707853311406519, 1, 0.0, 0},
-    {512, 512, 16384, 0.502623975276947, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.056099162846158, 1, 0.0, 0},
-    {128, 1024, 65536, 1.959119975566864, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.057664512890381714, 1, 0.0, 0},
-    {64, 64, 131072, 3.9054559469223022, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.06909750843561814, 1, 0.0, 0},
-    {384, 384, 24576, 0.7411839962005615, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05663907150766333, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.0431520342826843, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.011528315187015047, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.4560480117797852, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.03948736450454788, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05967999994754791, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03935177695835598, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4110880047082901, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03327420363294057, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.109439969062805, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.05439392814518686, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.0136480331420898, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.031229768635849225, 1, 0.0, 0},
-    {512, 512, 512, 0.15798400342464447, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.012661079015315898, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.10480000078678131, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.017152296474529413, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.028271999210119247, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3613719018509826, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07718399912118912, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06587830444945122, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08265600353479385, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.02452318786864887, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.1712000072002411, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02374023476853298, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.195360004901886, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06384939526179192, 1, 0.0, 1},
+    {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.033164976110104806, 1, 0.0, 0},
+    {512, 512, 512, 0.02300800010561943, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02679233622092267, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.038975998759269714, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03650697962027501, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.143327996134758, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.036304901967548105, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.176144003868103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04658375864441981, 1, 0.0, 0},
+    {8192, 8192, 8192, 8.608575820922852, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.029764231560428574, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5172160267829895, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.013510507395576557, 1, 0.0, 0},
+    {1, 4096, 4096, 0.12982399761676788, 0.0, 8.317766166719343, 8.317766166719343, 0.04114393995745009, 1, 0.0, 0},
+    {16, 8192, 4096, 0.13158400356769562, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.023547001302717863, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2526400089263916, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.038561983250932665, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2520959973335266, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.026653277593644012, 1, 0.0, 0},
+    {8192, 128, 8192, 0.25679999589920044, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.00816567851791012, 1, 0.0, 0},
+    {4096, 32, 4096, 0.13126400113105774, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.046042385756641796, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1298080012202263, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.01436585256444103, 1, 0.0, 0},
+    {1, 11008, 4096, 0.13478399813175201, 0.0, 9.306377560173125, 8.317766166719343, 0.03634914620090242, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1329600065946579, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.01915205528280512, 1, 0.0, 0},
+    {16, 4096, 4096, 0.13043199479579926, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.042844235552596185, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13831999897956848, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04054868758475964, 1, 0.0, 0},
+    {4096, 16, 4096, 0.12992000579833984, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0389111783355613, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13225600123405457, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.032495610195889486, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2540160119533539, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.05462721958835736, 1, 0.0, 0},
+    {5, 4096, 4096, 0.12918399274349213, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03540855866585327, 1, 0.0, 0},
+    {3, 4096, 11008, 0.3331359922885895, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.042035032141524216, 1, 0.0, 0},
+    {4096, 4096, 512, 0.15600000321865082, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.02584720490692725, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.6432160139083862, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.025019079558613155, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3336799889802933, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.028768828870990606, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02067199908196926, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.047283689714847914, 1, 0.0, 0},
+    {16384, 4096, 64, 0.13814400136470795, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.007124553588488571, 1, 0.0, 0},
+    {256, 256, 32768, 0.9972800016403198, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.08824446691875741, 1, 0.0, 0},
+    {512, 512, 16384, 0.502623975276947, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.06578357244097048, 1, 0.0, 0},
+    {128, 1024, 65536, 1.959119975566864, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.0684320528809292, 1, 0.0, 0},
+    {64, 64, 131072, 3.9054559469223022, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08077573324303852, 1, 0.0, 0},
+    {384, 384, 24576, 0.7411839962005615, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.06718731057958205, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.0431520342826843, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.015317615568344111, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.4560480117797852, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.03463691363595203, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05967999994754791, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.039650786393722326, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4110880047082901, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.033150512947181986, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.109439969062805, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0534365916014754, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.0136480331420898, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.03050054712202866, 1, 0.0, 0},
+    {512, 512, 512, 0.15798400342464447, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.01320944903522882, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.10480000078678131, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.017120222279303828, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.028271999210119247, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3603754941627562, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07718399912118912, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06628553164930284, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08265600353479385, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.02605836319336171, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.1712000072002411, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.024017327115455022, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.195360004901886, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06314211004090843, 1, 0.0, 1},
 };
 static const Point fp32_2_unaligned[] = {
     {2047, 2047, 2047, 0.2850399911403656, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.05651463329932128, 1, 0.0, 0},
@@ -18866,77 +18860,73 @@ static const Point fp32_2_unaligned[] = {
     {1024, 1024, 1024, 0.04476799815893173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10506376097505006, 1, 0.0, 0},
 };
 static const Point fp32_3_aligned[] = {
-    {1, 4096, 4096, 0.0414079986512661, 0.0, 8.317766166719343, 8.317766166719343, 0.019945449102311674, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06753600016236305, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.014675496227337673, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08689599856734276, 0.0, 9.306377560173125, 8.317766166719343, -0.025904445012659885, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08799999952316284, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.01327962075851355, 1, 0.0, 0},
-    {16, 4096, 4096, 0.03995199874043465, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.015849915193852815, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11091200262308121, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.02116118319988942, 1, 0.0, 0},
-    {4096, 16, 4096, 0.039792001247406006, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.019862698795094575, 1, 0.0, 0},
-    {12, 5632, 2048, 0.035840000957250595, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, -0.025104874484217856, 1, 0.0, 0},
-    {10, 9216, 3072, 0.07089600339531898, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.061905198532935614, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06787200272083282, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.019638323253076063, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06472000107169151, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03542345669909974, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04182400181889534, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.02994176372677968, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08824000135064125, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.025571814110211144, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04164800047874451, 0.0, 8.317766166719343, 8.317766166719343, 0.026426274723979647, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06747199967503548, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0023240363546337124, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08713600039482117, 0.0, 9.306377560173125, 8.317766166719343, -0.0050801456774797315, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08787199854850769, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.003330926927328349, 1, 0.0, 0},
+    {16, 4096, 4096, 0.03968000039458275, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.02197979266245396, 1, 0.0, 0},
+    {4, 14336, 4096, 0.110944002866745, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0022611592078648247, 1, 0.0, 0},
+    {4096, 16, 4096, 0.039824001491069794, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.018357301956524803, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06769600138068199, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0009903858304868992, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06486400216817856, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.027240064622043765, 1, 0.0, 0},
+    {5, 4096, 4096, 0.041600000113248825, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.025273084966297463, 1, 0.0, 0},
+    {3, 4096, 11008, 0.088128000497818, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.021827636818141854, 1, 0.0, 0},
 };
 static const Point fp32_3_unaligned[] = {
-    {4096, 1, 4096, 0.04137599840760231, 8.317766166719343, 0.0, 8.317766166719343, -0.11902346100142291, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04188799858093262, 0.0, 8.317766166719343, 8.317766166719343, -0.10672506925501629, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11311999708414078, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03867316159188439, 1, 0.0, 0},
-    {8, 6144, 6144, 0.09267199784517288, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.0030202274935093388, 1, 0.0, 0},
-    {4096, 12, 4096, 0.04667200148105621, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.0014200197538112907, 1, 0.0, 0},
-    {13, 5000, 3001, 0.0650240033864975, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.42705805497138305, 1, 0.0, 0},
+    {4096, 1, 4096, 0.0414079986512661, 8.317766166719343, 0.0, 8.317766166719343, -0.11828531787118533, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04190399870276451, 0.0, 8.317766166719343, 8.317766166719343, -0.10637812736976382, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11388800293207169, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.04325389484459408, 1, 0.0, 0},
+    {8, 6144, 6144, 0.09241600334644318, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.0016452906898754608, 1, 0.0, 0},
+    {4096, 12, 4096, 0.04665600135922432, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.0010421813412862858, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06483200192451477, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.42443726151200456, 1, 0.0, 0},
 };
 static const Point fp32_4_aligned[] = {
-    {256, 256, 256, 0.009759999811649323, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07572644864729869, 1, 0.0, 0},
-    {512, 512, 512, 0.0122079998254776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03678004988849535, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.045552000403404236, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0380142850564672, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2782079875469208, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.09399830662462332, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.117103934288025, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06563765392261142, 1, 0.0, 0},
-    {8192, 8192, 8192, 17.307744026184082, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.007109901515951405, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.8306719958782196, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.09595940729769513, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04707200080156326, 0.0, 8.317766166719343, 8.317766166719343, 0.10002522839023209, 1, 0.0, 0},
-    {16, 8192, 4096, 0.0814720019698143, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.03884599114242059, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0764480009675026, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.004498122257160585, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2720479965209961, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.052546682499975385, 1, 0.0, 0},
-    {8192, 128, 8192, 0.2510560005903244, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.13284916685882858, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04708800092339516, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10036507804385954, 1, 0.0, 0},
-    {80, 8192, 4096, 0.15084800124168396, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.006166855181936706, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12595200538635254, 0.0, 9.306377560173125, 8.317766166719343, 0.09843823182551752, 1, 0.0, 0},
-    {8, 11008, 4096, 0.11390400305390358, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0021066777566133414, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04713600128889084, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1013839345670592, 1, 0.0, 0},
-    {4, 14336, 4096, 0.15591999888420105, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03923718767999062, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0469760000705719, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09798370143710111, 1, 0.0, 0},
-    {12, 5632, 2048, 0.045951999723911285, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.03962831073424193, 1, 0.0, 0},
-    {10, 9216, 3072, 0.09055999666452408, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.0230856906806594, 1, 0.0, 0},
-    {6, 8192, 4096, 0.088639996945858, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.12316975257307247, 1, 0.0, 0},
-    {12, 4096, 8192, 0.07736000046133995, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.007360951052330453, 1, 0.0, 0},
-    {5, 4096, 4096, 0.046879999339580536, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09593799812406498, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10712000355124474, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06572438859494395, 1, 0.0, 0},
-    {4096, 4096, 512, 0.4280160069465637, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.13120655365266373, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3849120140075684, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.0007452469746838462, 1, 0.0, 0},
-    {8192, 8192, 256, 1.2423039674758911, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.28815193048893045, 1, 0.0, 0},
-    {2048, 2048, 128, 0.07142399996519089, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.3743988662208575, 1, 0.0, 0},
-    {16384, 4096, 64, 0.9625760018825531, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.5927853540720032, 1, 0.0, 0},
-    {256, 256, 32768, 0.22438399493694305, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.22854800013792562, 1, 0.0, 0},
-    {512, 512, 16384, 0.12270400300621986, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16830322573797055, 1, 0.0, 0},
-    {128, 1024, 65536, 0.4575359970331192, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.19421042582302359, 1, 0.0, 0},
-    {64, 64, 131072, 0.8860480189323425, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.21886291322208673, 1, 0.0, 0},
-    {384, 384, 24576, 0.1762559935450554, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19215599005556327, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1642560362815857, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17766409296107957, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.4297919869422913, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1461355090188267, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13787200301885605, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0850278589766058, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7500159740447998, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.07678384615269376, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.12719988822937, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.024071110833383428, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.9518559575080872, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.011542887468318544, 1, 0.0, 0},
-    {512, 512, 512, 0.4419200122356415, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16317485727073308, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.5522239804267883, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.49294970341468686, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.0838719978928566, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5350567214070969, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5301439762115479, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.6728347390199337, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1316480040550232, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2707674506324708, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.630048006772995, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.2911310497774531, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.191327929496765, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.031179019384979287, 1, 0.0, 1},
+    {256, 256, 256, 0.009759999811649323, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07317633238112435, 1, 0.0, 0},
+    {512, 512, 512, 0.0122079998254776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03432519924964963, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.045552000403404236, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02987008846697151, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2782079875469208, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08732674679628553, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.117103934288025, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06104448700608564, 1, 0.0, 0},
+    {8192, 8192, 8192, 17.307744026184082, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0037733391009577696, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.8306719958782196, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.09053776228218503, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04707200080156326, 0.0, 8.317766166719343, 8.317766166719343, 0.10215047907576591, 1, 0.0, 0},
+    {16, 8192, 4096, 0.0814720019698143, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04211876787901277, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0764480009675026, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.002434985968779945, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2720479965209961, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04954720932257096, 1, 0.0, 0},
+    {8192, 128, 8192, 0.2510560005903244, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.12984969368142413, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04708800092339516, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1024903287293933, 1, 0.0, 0},
+    {80, 8192, 4096, 0.15084800124168396, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.010092227879827158, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12595200538635254, 0.0, 9.306377560173125, 8.317766166719343, 0.10213953059506325, 1, 0.0, 0},
+    {8, 11008, 4096, 0.11390400305390358, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.001594621012932444, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04713600128889084, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10350918525259296, 1, 0.0, 0},
+    {4, 14336, 4096, 0.15591999888420105, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.043162560377880785, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0469760000705719, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.10010895212263494, 1, 0.0, 0},
+    {6, 8192, 4096, 0.088639996945858, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.12644252930966463, 1, 0.0, 0},
+    {12, 4096, 8192, 0.07736000046133995, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.00942408734071116, 1, 0.0, 0},
+    {5, 4096, 4096, 0.046879999339580536, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09806324880959881, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10712000355124474, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06776939299788431, 1, 0.0, 0},
+    {4096, 4096, 512, 0.4280160069465637, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.14899886042385105, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3849120140075684, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.012031630364246634, 1, 0.0, 0},
+    {8192, 8192, 256, 1.2423039674758911, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.31572813307684716, 1, 0.0, 0},
+    {2048, 2048, 128, 0.07142399996519089, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.4059039450013026, 1, 0.0, 0},
+    {16384, 4096, 64, 0.9625760018825531, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.639999404933135, 1, 0.0, 0},
+    {256, 256, 32768, 0.22438399493694305, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2265411486404892, 1, 0.0, 0},
+    {512, 512, 16384, 0.12270400300621986, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16627652885064675, 1, 0.0, 0},
+    {128, 1024, 65536, 0.4575359970331192, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1922139463893608, 1, 0.0, 0},
+    {64, 64, 131072, 0.8860480189323425, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2168717381432384, 1, 0.0, 0},
+    {384, 384, 24576, 0.1762559935450554, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19014239354951723, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1642560362815857, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1750599499851251, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.4297919869422913, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.14397415049921916, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13787200301885605, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09760303066914344, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7500159740447998, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.06985942138551209, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.12719988822937, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.028693791788450107, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.9518559575080872, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006956597958479273, 1, 0.0, 0},
+    {512, 512, 512, 0.4419200122356415, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.18096716404192054, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.5522239804267883, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5304458622369752, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.0838719978928566, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5665618001875422, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5301439762115479, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.719297351902364, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1316480040550232, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.28708313321453804, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.630048006772995, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.3184240170055836, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.191327929496765, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.02658585246845347, 1, 0.0, 1},
 };
 static const Point fp32_4_unaligned[] = {
     {2047, 2047, 2047, 0.3227680027484894, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.030143122474753363, 1, 0.0, 0},
@@ -18953,54 +18943,52 @@ static const Point fp32_4_unaligned[] = {
     {1024, 1024, 1024, 0.05915199965238571, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.014821231190571741, 1, 0.0, 0},
 };
 static const Point fp32_5_aligned[] = {
-    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.24828237635733783, 1, 0.0, 0},
-    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09105833318155163, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.02085934945636717, 1, 0.0, 0},
-    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.11184708959163621, 1, 0.0, 0},
-    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.3190122440780961, 1, 0.0, 0},
-    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.2589157676696343, 1, 0.0, 0},
-    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.1644854120905172, 1, 0.0, 0},
-    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.06598768368670456, 1, 0.0, 0},
-    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.14578297880341895, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16847704680660955, 1, 0.0, 0},
-    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.14111787405877566, 1, 0.0, 0},
-    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.14720767493838108, 1, 0.0, 0},
-    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.007591569563111412, 1, 0.0, 0},
-    {80, 8192, 4096, 0.7481279969215393, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.16493062641078957, 1, 0.0, 0},
-    {1, 11008, 4096, 0.41547200083732605, 0.0, 9.306377560173125, 8.317766166719343, 0.026977198201385784, 1, 0.0, 0},
-    {8, 11008, 4096, 0.4232960045337677, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03198781970520475, 1, 0.0, 0},
-    {16, 4096, 4096, 0.18960000574588776, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07835884569769734, 1, 0.0, 0},
-    {4, 14336, 4096, 0.538351982831955, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.031166116626044925, 1, 0.0, 0},
-    {4096, 16, 4096, 0.17372800409793854, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.009066893117253982, 1, 0.0, 0},
-    {12, 5632, 2048, 0.1818080022931099, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, -0.17321565860886293, 1, 0.0, 0},
-    {10, 9216, 3072, 0.33846399188041687, 2.302585092994046, 9.128696382935672, 8.030084094267563, -0.007901000784890208, 1, 0.0, 0},
-    {6, 8192, 4096, 0.31331199407577515, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0010792812337457687, 1, 0.0, 0},
-    {12, 4096, 8192, 0.21052800118923187, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.10324409748354417, 1, 0.0, 0},
-    {5, 4096, 4096, 0.15833599865436554, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0831321409702071, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1947679966688156, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.0006674042001430409, 1, 0.0, 0},
-    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.2895921186456984, 1, 0.0, 0},
-    {5120, 7168, 1024, 26.56716823577881, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.31709773852656137, 1, 0.0, 0},
-    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.29708845505246684, 1, 0.0, 0},
-    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.036925951821775126, 1, 0.0, 0},
-    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2837018207447759, 1, 0.0, 0},
-    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06831479067010923, 1, 0.0, 0},
-    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.026470473754623712, 1, 0.0, 0},
-    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.014331310291449734, 1, 0.0, 0},
-    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.004935517922613245, 1, 0.0, 0},
-    {384, 384, 24576, 0.19236800074577332, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.004806539612109093, 1, 0.0, 0},
-    {1280, 1920, 16384, 2.483791947364807, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.09616439089934092, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.855184018611908, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.013820795771701332, 1, 0.0, 0},
-    {1536, 2560, 768, 2.193951964378357, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.055880264999030746, 1, 0.0, 0},
-    {2048, 5632, 2048, 7.59768009185791, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.17260720637702245, 1, 0.0, 0},
-    {4096, 11008, 4096, 39.369184494018555, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.370331293431696, 1, 0.0, 0},
-    {1024, 14336, 4096, 13.190688133239746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.3966446455035268, 1, 0.0, 0},
-    {512, 512, 512, 11.522559642791748, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.28692957178237416, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 22.32022476196289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.27529223404502234, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 2.2596160173416138, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.052238075562604146, 256, 5.545177444479562, 0},
-    {512, 512, 64, 22.186671257019043, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.27242535422585185, 128, 4.852030263919617, 0},
-    {512, 64, 512, 2.3452320098876953, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07104690235734337, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 22.59183979034424, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.28114789497190323, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5043064115271984, 1, 0.0, 1},
+    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.25188241411677675, 1, 0.0, 0},
+    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09586374351432458, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.015729772560871384, 1, 0.0, 0},
+    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.10696967952875071, 1, 0.0, 0},
+    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.31480823870460095, 1, 0.0, 0},
+    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.25582329673819304, 1, 0.0, 0},
+    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.15990199656285248, 1, 0.0, 0},
+    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.07348268478921266, 1, 0.0, 0},
+    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.13875716214684314, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1655995582256655, 1, 0.0, 0},
+    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.13808841470511138, 1, 0.0, 0},
+    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.1441782155847168, 1, 0.0, 0},
+    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.002018700626954799, 1, 0.0, 0},
+    {80, 8192, 4096, 0.7481279969215393, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1593050108729967, 1, 0.0, 0},
+    {1, 11008, 4096, 0.41547200083732605, 0.0, 9.306377560173125, 8.317766166719343, 0.018719116365454886, 1, 0.0, 0},
+    {8, 11008, 4096, 0.4232960045337677, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02425157225170526, 1, 0.0, 0},
+    {16, 4096, 4096, 0.18960000574588776, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07181851775970553, 1, 0.0, 0},
+    {4, 14336, 4096, 0.538351982831955, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.023009484688667023, 1, 0.0, 0},
+    {4096, 16, 4096, 0.17372800409793854, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.01560722105524569, 1, 0.0, 0},
+    {6, 8192, 4096, 0.31331199407577515, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.006650429475993338, 1, 0.0, 0},
+    {12, 4096, 8192, 0.21052800118923187, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.09731116134225168, 1, 0.0, 0},
+    {5, 4096, 4096, 0.15833599865436554, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09036784566537193, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1947679966688156, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.006721119188663942, 1, 0.0, 0},
+    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.28405465996541346, 1, 0.0, 0},
+    {5120, 7168, 1024, 26.56716823577881, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.31177014605028247, 1, 0.0, 0},
+    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.2914261160549817, 1, 0.0, 0},
+    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03126623490364753, 1, 0.0, 0},
+    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2779526110167281, 1, 0.0, 0},
+    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06867250231811374, 1, 0.0, 0},
+    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.02486594034395403, 1, 0.0, 0},
+    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.015394751781042493, 1, 0.0, 0},
+    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0050125209788034935, 1, 0.0, 0},
+    {384, 384, 24576, 0.19236800074577332, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.005533915184177204, 1, 0.0, 0},
+    {1280, 1920, 16384, 2.483791947364807, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.09456710774564606, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.855184018611908, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.014627528103998111, 1, 0.0, 0},
+    {1536, 2560, 768, 2.193951964378357, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.05050045162604472, 1, 0.0, 0},
+    {2048, 5632, 2048, 7.59768009185791, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.16769840565464028, 1, 0.0, 0},
+    {4096, 11008, 4096, 39.369184494018555, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.3661213908663979, 1, 0.0, 0},
+    {1024, 14336, 4096, 13.190688133239746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.39244126456780953, 1, 0.0, 0},
+    {512, 512, 512, 11.522559642791748, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2813921131020891, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 22.32022476196289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.26957623475124115, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 2.2596160173416138, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.046578358644476736, 256, 5.545177444479562, 0},
+    {512, 512, 64, 22.186671257019043, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2666802557400953, 128, 4.852030263919617, 0},
+    {512, 64, 512, 2.3452320098876953, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.0655549935960908, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 22.59183979034424, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.27548955353084714, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5000930715720827, 1, 0.0, 1},
 };
 static const Point fp32_5_unaligned[] = {
     {2047, 2047, 2047, 3.2127360105514526, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07553920216810367, 1, 0.0, 0},
@@ -19017,54 +19005,52 @@ static const Point fp32_5_unaligned[] = {
     {1024, 1024, 1024, 0.8340480029582977, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.11378541276067594, 1, 0.0, 0},
 };
 static const Point fp32_6_aligned[] = {
-    {256, 256, 256, 0.014720000326633453, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.028263898802805127, 1, 0.0, 0},
-    {512, 512, 512, 0.0191040001809597, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.01856990958744413, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.030848000198602676, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.009653716435902921, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1695680022239685, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.051795974541213985, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2813600301742554, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.00215550539607835, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.747951984405518, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.006294789252668352, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5409600138664246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.010849524340052746, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07420799881219864, 0.0, 8.317766166719343, 8.317766166719343, -0.011788509288161638, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07947200164198875, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.004047973966595781, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1391039937734604, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.022692613995131148, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15783999860286713, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.006734382403152715, 1, 0.0, 0},
-    {8192, 128, 8192, 0.15724800527095795, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010492024847190745, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07428799942135811, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.022455777781060806, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08240000158548355, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.005008870741373695, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1475200057029724, 0.0, 9.306377560173125, 8.317766166719343, 0.005421143200154044, 1, 0.0, 0},
-    {8, 11008, 4096, 0.14483200013637543, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0166305527637192, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07587199658155441, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.004687041897831919, 1, 0.0, 0},
-    {4, 14336, 4096, 0.15959999710321426, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.06452804126583961, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07518399879336357, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.004422196618384183, 1, 0.0, 0},
-    {12, 5632, 2048, 0.04531199857592583, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.029079946062865392, 1, 0.0, 0},
-    {10, 9216, 3072, 0.11286400258541107, 2.302585092994046, 9.128696382935672, 8.030084094267563, -0.006965334978192986, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07996799796819687, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.01752667097414798, 1, 0.0, 0},
-    {12, 4096, 8192, 0.13831999897956848, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.008627323012437202, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07446400076150894, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.009867881765195012, 1, 0.0, 0},
-    {3, 4096, 11008, 0.17932799458503723, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.020071257865217688, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24380800127983093, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05380627206594205, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8553119897842407, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0010812841605679776, 1, 0.0, 0},
-    {8192, 8192, 256, 0.7175680100917816, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.011426160551865865, 1, 0.0, 0},
-    {2048, 2048, 128, 0.04531199857592583, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09855528101308945, 1, 0.0, 0},
-    {16384, 4096, 64, 0.5498400032520294, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.11069903236700328, 1, 0.0, 0},
-    {256, 256, 32768, 0.5083839893341064, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.011062600223205222, 1, 0.0, 0},
-    {512, 512, 16384, 0.2574400007724762, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.03555083027809259, 1, 0.0, 0},
-    {128, 1024, 65536, 0.9927359819412231, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.014309889582881137, 1, 0.0, 0},
-    {64, 64, 131072, 1.997040033340454, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.02129186622767963, 1, 0.0, 0},
-    {384, 384, 24576, 0.38014400005340576, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.01515672921385669, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8261759877204895, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05340171272897306, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8993119895458221, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.007756853111068911, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09366399794816971, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08465333798878331, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4699519872665405, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.023657617039254807, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.6158559322357178, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06884038774805745, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1770400404930115, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04582760480880556, 1, 0.0, 0},
-    {512, 512, 512, 0.24798399955034256, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03682308146443745, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.32236799597740173, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.10968963581741366, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.05350400134921074, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.26473985704926906, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.3012959957122803, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17785063671685905, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.13264000415802002, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06413781250911123, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.3580799996852875, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.011505162404065229, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.2951840162277222, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.008907980898896488, 1, 0.0, 1},
+    {256, 256, 256, 0.014720000326633453, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.018231155915334005, 1, 0.0, 0},
+    {512, 512, 512, 0.0191040001809597, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.011438383424444884, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.030848000198602676, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.009985395354469033, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1695680022239685, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.051928621210253476, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2813600301742554, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.002316847321033747, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.747951984405518, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0060783731010451226, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5409600138664246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.010815196910507608, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07420799881219864, 0.0, 8.317766166719343, 8.317766166719343, -0.006708036035202089, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07947200164198875, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.007365392092763939, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1391039937734604, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.019114461043400532, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15783999860286713, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.006746491715171889, 1, 0.0, 0},
+    {8192, 128, 8192, 0.15724800527095795, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010504134159209892, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07428799942135811, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.017905483022831726, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08240000158548355, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0036170286738409696, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1475200057029724, 0.0, 9.306377560173125, 8.317766166719343, 0.010095407280850174, 1, 0.0, 0},
+    {8, 11008, 4096, 0.14483200013637543, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.01212076051805047, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07587199658155441, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.009509386697686716, 1, 0.0, 0},
+    {4, 14336, 4096, 0.15959999710321426, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0685727313444409, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07518399879336357, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0004001481814707706, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07996799796819687, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.021161532200842215, 1, 0.0, 0},
+    {12, 4096, 8192, 0.13831999897956848, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0043061597488966, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07446400076150894, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.004856537417052097, 1, 0.0, 0},
+    {3, 4096, 11008, 0.17932799458503723, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.015785816587971124, 1, 0.0, 0},
+    {4096, 4096, 512, 0.24380800127983093, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05423664481690709, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8553119897842407, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0016618661895097823, 1, 0.0, 0},
+    {8192, 8192, 256, 0.7175680100917816, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.010560831086002915, 1, 0.0, 0},
+    {2048, 2048, 128, 0.04531199857592583, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09829294155944975, 1, 0.0, 0},
+    {16384, 4096, 64, 0.5498400032520294, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.10952488851268538, 1, 0.0, 0},
+    {256, 256, 32768, 0.5083839893341064, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.01616824038067221, 1, 0.0, 0},
+    {512, 512, 16384, 0.2574400007724762, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.03151677439606719, 1, 0.0, 0},
+    {128, 1024, 65536, 0.9927359819412231, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.009682000371706578, 1, 0.0, 0},
+    {64, 64, 131072, 1.997040033340454, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.026642583451373335, 1, 0.0, 0},
+    {384, 384, 24576, 0.38014400005340576, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.01051271994319985, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8261759877204895, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05240509370733069, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8993119895458221, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.007677499334799436, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09366399794816971, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0850314098132075, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4699519872665405, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02386247512113524, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.6158559322357178, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06853396470704452, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1770400404930115, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04566848853204366, 1, 0.0, 0},
+    {512, 512, 512, 0.24798399955034256, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.037253454215402465, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.32236799597740173, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.10892854129283644, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.05350400134921074, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2644775175956293, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.3012959957122803, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1769925665072628, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.13264000415802002, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06857183957260925, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.3580799996852875, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012131198916344302, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.2951840162277222, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.008757763544906151, 1, 0.0, 1},
 };
 static const Point fp32_6_unaligned[] = {
     {2047, 2047, 2047, 0.3137440085411072, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.043113434302145114, 1, 0.0, 0},
@@ -19081,54 +19067,52 @@ static const Point fp32_6_unaligned[] = {
     {1024, 1024, 1024, 0.059696000069379807, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.058536569933717454, 1, 0.0, 0},
 };
 static const Point fp32_7_aligned[] = {
-    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.20993432534780646, 1, 0.0, 0},
-    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09814611367050165, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.14400574978372335, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.05878738846506795, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07291363712189323, 1, 0.0, 0},
-    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.022213985774438744, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.016172660574695023, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.01029282026016082, 1, 0.0, 0},
-    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0021759001199401573, 1, 0.0, 0},
-    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03606782475046552, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.004537557028759523, 1, 0.0, 0},
-    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010721730226765232, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05313404071736008, 1, 0.0, 0},
-    {80, 8192, 4096, 0.16672000288963318, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.008844879348519996, 1, 0.0, 0},
-    {1, 11008, 4096, 0.15865600109100342, 0.0, 9.306377560173125, 8.317766166719343, 0.006542287199921896, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1595359966158867, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.021545048343403362, 1, 0.0, 0},
-    {16, 4096, 4096, 0.0759039968252182, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04924213418590746, 1, 0.0, 0},
-    {4, 14336, 4096, 0.20147199928760529, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.033895245599628324, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07286400347948074, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.008367529711393153, 1, 0.0, 0},
-    {12, 5632, 2048, 0.07552000135183334, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.06699593170076636, 1, 0.0, 0},
-    {10, 9216, 3072, 0.13148799538612366, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.05625067306232913, 1, 0.0, 0},
-    {6, 8192, 4096, 0.12031999975442886, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.04457528691200922, 1, 0.0, 0},
-    {12, 4096, 8192, 0.10688000172376633, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03190281445344432, 1, 0.0, 0},
-    {5, 4096, 4096, 0.0695360004901886, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.006206499470132703, 1, 0.0, 0},
-    {3, 4096, 11008, 0.12505599856376648, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.00562011949941426, 1, 0.0, 0},
-    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.4330851012795791, 1, 0.0, 0},
-    {5120, 7168, 1024, 6.7358880043029785, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.4216681193440589, 1, 0.0, 0},
-    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.4467289575133588, 1, 0.0, 0},
-    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.12118871007745081, 1, 0.0, 0},
-    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.45754064615101364, 1, 0.0, 0},
-    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.007446168724730239, 1, 0.0, 0},
-    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.010897204340694718, 1, 0.0, 0},
-    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.008354972329832752, 1, 0.0, 0},
-    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.03450498501925111, 1, 0.0, 0},
-    {384, 384, 24576, 0.10732799768447876, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.004328120868671584, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9260640144348145, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.025731369055551456, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.0524320006370544, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.046321289774975634, 1, 0.0, 0},
-    {1536, 2560, 768, 0.5644640028476715, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.15562768721198106, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.858303964138031, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.15236254008455108, 1, 0.0, 0},
-    {4096, 11008, 4096, 8.453775882720947, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08752424386164127, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.889039993286133, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.1312529671222837, 1, 0.0, 0},
-    {512, 512, 512, 3.079584002494812, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.43689548677317624, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 6.101775884628296, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.4464222016006822, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.5951359868049622, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1688718202960156, 256, 5.545177444479562, 0},
-    {512, 512, 64, 6.131088018417358, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4536840920036699, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.6523360013961792, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13076789872551178, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 5.969056129455566, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.4195103317252162, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.31413412634104754, 1, 0.0, 1},
+    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.21063212122121613, 1, 0.0, 0},
+    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09846897090032589, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.14599303905130248, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.060273311987982164, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07403265739709998, 1, 0.0, 0},
+    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.02308600257100118, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.014701919297476326, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, 0.0016303169373099692, 1, 0.0, 0},
+    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.008715264719014529, 1, 0.0, 0},
+    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03490048696251272, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.005212973813593387, 1, 0.0, 0},
+    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010046313441931378, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0447550893499997, 1, 0.0, 0},
+    {80, 8192, 4096, 0.16672000288963318, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0043983632637951756, 1, 0.0, 0},
+    {1, 11008, 4096, 0.15865600109100342, 0.0, 9.306377560173125, 8.317766166719343, 0.020005411443512856, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1595359966158867, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.009149520896328239, 1, 0.0, 0},
+    {16, 4096, 4096, 0.0759039968252182, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.059339992347879025, 1, 0.0, 0},
+    {4, 14336, 4096, 0.20147199928760529, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.020876993338743162, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07286400347948074, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.018465387873364717, 1, 0.0, 0},
+    {6, 8192, 4096, 0.12031999975442886, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.0323325310554461, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10688000172376633, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03354298400232152, 1, 0.0, 0},
+    {5, 4096, 4096, 0.0695360004901886, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.01762036605076286, 1, 0.0, 0},
+    {3, 4096, 11008, 0.12505599856376648, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0029762679917915403, 1, 0.0, 0},
+    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.4321981975534026, 1, 0.0, 0},
+    {5120, 7168, 1024, 6.7358880043029785, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.4231690176456713, 1, 0.0, 0},
+    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.44452685245004564, 1, 0.0, 0},
+    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11875063361470911, 1, 0.0, 0},
+    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.45438824845160997, 1, 0.0, 0},
+    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.007163588403363205, 1, 0.0, 0},
+    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.010562964409319652, 1, 0.0, 0},
+    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.008646918617554433, 1, 0.0, 0},
+    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.002857090664371776, 1, 0.0, 0},
+    {384, 384, 24576, 0.10732799768447876, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.009394118388999197, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9260640144348145, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.025362072389043904, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.0524320006370544, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.0459494510332851, 1, 0.0, 0},
+    {1536, 2560, 768, 0.5644640028476715, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.15617522326384972, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.858303964138031, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.15370855785962825, 1, 0.0, 0},
+    {4096, 11008, 4096, 8.453775882720947, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08863818210860719, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.889039993286133, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.132373359962352, 1, 0.0, 0},
+    {512, 512, 512, 3.079584002494812, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.43600858304699974, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 6.101775884628296, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.44361522369391276, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.5951359868049622, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16643374383327372, 256, 5.545177444479562, 0},
+    {512, 512, 64, 6.131088018417358, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.45055962397970856, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.6523360013961792, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.11875919566619014, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 5.969056129455566, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.4173339574828221, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.31525570679506004, 1, 0.0, 1},
 };
 static const Point fp32_7_unaligned[] = {
     {2047, 2047, 2047, 0.9410719871520996, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.08804151090165882, 1, 0.0, 0},
@@ -19145,54 +19129,52 @@ static const Point fp32_7_unaligned[] = {
     {1024, 1024, 1024, 0.2351519986987114, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0714603088856829, 1, 0.0, 0},
 };
 static const Point fp32_8_aligned[] = {
-    {256, 256, 256, 0.011247999966144562, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.045432702622999574, 1, 0.0, 0},
-    {512, 512, 512, 0.01724799908697605, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.01492974821384126, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.029440000653266907, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.005508062761214228, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.18665599822998047, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03978573410555129, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5137920379638672, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006695001733696794, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.469600200653076, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.058942655782235294, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6177759766578674, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012864183404065262, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09443199634552002, 0.0, 8.317766166719343, 8.317766166719343, -0.03070149896433419, 1, 0.0, 0},
-    {16, 8192, 4096, 0.12195199728012085, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.22044811655152463, 1, 0.0, 0},
-    {64, 4096, 8192, 0.18201600015163422, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03908431950960105, 1, 0.0, 0},
-    {128, 8192, 8192, 0.19404799491167068, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.01222917187519946, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1953440010547638, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.018885759283435843, 1, 0.0, 0},
-    {4096, 32, 4096, 0.09387199953198433, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.03737670723703443, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09830400347709656, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0012764899641652782, 1, 0.0, 0},
-    {1, 11008, 4096, 0.21961599588394165, 0.0, 9.306377560173125, 8.317766166719343, 0.14625620263597922, 1, 0.0, 0},
-    {8, 11008, 4096, 0.21239999681711197, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11237866689934278, 1, 0.0, 0},
-    {16, 4096, 4096, 0.09238400310277939, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.05335501736865615, 1, 0.0, 0},
-    {4, 14336, 4096, 0.24567999690771103, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2568304780953921, 1, 0.0, 0},
-    {4096, 16, 4096, 0.09180799871683121, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.059221550239239154, 1, 0.0, 0},
-    {12, 5632, 2048, 0.052000001072883606, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.0034728195807104062, 1, 0.0, 0},
-    {10, 9216, 3072, 0.16142400354146957, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.11420223358556215, 1, 0.0, 0},
-    {6, 8192, 4096, 0.1298080012202263, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2838432885026654, 1, 0.0, 0},
-    {12, 4096, 8192, 0.18004799634218216, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.047356468610916705, 1, 0.0, 0},
-    {5, 4096, 4096, 0.09363199770450592, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0394033019934369, 1, 0.0, 0},
-    {3, 4096, 11008, 0.23695999383926392, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.059429976113268355, 1, 0.0, 0},
-    {4096, 4096, 512, 0.19755200296640396, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.034087579691454054, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8460800051689148, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.027229833710678185, 1, 0.0, 0},
-    {8192, 8192, 256, 0.4230400025844574, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.002646723145296565, 1, 0.0, 0},
-    {2048, 2048, 128, 0.022495999932289124, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1066629326759296, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1467839926481247, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.02172240995665774, 1, 0.0, 0},
-    {256, 256, 32768, 0.7032639980316162, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.04403337929095887, 1, 0.0, 0},
-    {512, 512, 16384, 0.34886400401592255, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06383607350078974, 1, 0.0, 0},
-    {128, 1024, 65536, 1.3702080249786377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.06729070106029449, 1, 0.0, 0},
-    {64, 64, 131072, 2.7297279834747314, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.06674321167537835, 1, 0.0, 0},
-    {384, 384, 24576, 0.5209759771823883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.06066929764338592, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.045311987400055, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.06605029233289307, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1138079762458801, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.005323273758089141, 1, 0.0, 0},
-    {1536, 2560, 768, 0.07449600100517273, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.047743691019195074, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5247040092945099, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0005388004501118245, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.954032063484192, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0034268166664616585, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3473439812660217, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.023247169636103918, 1, 0.0, 0},
-    {512, 512, 512, 0.20507200062274933, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0032717044915480642, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.1276160031557083, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.019464080791004094, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.027168000116944313, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2953652344910069, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.08073599636554718, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.024869195768348125, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07311999797821045, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2843610022103162, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.21244800090789795, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.025625504909853127, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5550079941749573, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.033595581859688355, 1, 0.0, 1},
+    {256, 256, 256, 0.011247999966144562, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.044662299080488965, 1, 0.0, 0},
+    {512, 512, 512, 0.01724799908697605, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.012137808686359582, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.029440000653266907, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0035353641723739615, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.18665599822998047, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04005473225445271, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5137920379638672, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006664913025370303, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.469600200653076, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.05873795570123495, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6177759766578674, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012464658805076013, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09443199634552002, 0.0, 8.317766166719343, 8.317766166719343, -0.02159253977954679, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12195199728012085, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.2266241881269801, 1, 0.0, 0},
+    {64, 4096, 8192, 0.18201600015163422, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.031388691008975254, 1, 0.0, 0},
+    {128, 8192, 8192, 0.19404799491167068, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.01190776150818089, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1953440010547638, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.018564348916417284, 1, 0.0, 0},
+    {4096, 32, 4096, 0.09387199953198433, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.028733205487730045, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09830400347709656, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0010035195741431259, 1, 0.0, 0},
+    {1, 11008, 4096, 0.21961599588394165, 0.0, 9.306377560173125, 8.317766166719343, 0.15522622028078267, 1, 0.0, 0},
+    {8, 11008, 4096, 0.21239999681711197, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.12104908845545785, 1, 0.0, 0},
+    {16, 4096, 4096, 0.09238400310277939, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.044711515619351765, 1, 0.0, 0},
+    {4, 14336, 4096, 0.24567999690771103, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2647936919622963, 1, 0.0, 0},
+    {4096, 16, 4096, 0.09180799871683121, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.050329915755640726, 1, 0.0, 0},
+    {6, 8192, 4096, 0.1298080012202263, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.29063385925024743, 1, 0.0, 0},
+    {12, 4096, 8192, 0.18004799634218216, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03799925221525925, 1, 0.0, 0},
+    {5, 4096, 4096, 0.09363199770450592, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.030418552204578883, 1, 0.0, 0},
+    {3, 4096, 11008, 0.23695999383926392, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.049624445938523505, 1, 0.0, 0},
+    {4096, 4096, 512, 0.19755200296640396, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.034159943564681904, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8460800051689148, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.02691853753737007, 1, 0.0, 0},
+    {8192, 8192, 256, 0.4230400025844574, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0025127511124234804, 1, 0.0, 0},
+    {2048, 2048, 128, 0.022495999932289124, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1042831537625554, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1467839926481247, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.020945996570164768, 1, 0.0, 0},
+    {256, 256, 32768, 0.7032639980316162, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.032491486615138634, 1, 0.0, 0},
+    {512, 512, 16384, 0.34886400401592255, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.05482080834796344, 1, 0.0, 0},
+    {128, 1024, 65536, 1.3702080249786377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.056458301492456536, 1, 0.0, 0},
+    {64, 64, 131072, 2.7297279834747314, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.05433463945377928, 1, 0.0, 0},
+    {384, 384, 24576, 0.5209759771823883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.05017449564853062, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.045311987400055, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.06344924517960471, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1138079762458801, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.005397727555798382, 1, 0.0, 0},
+    {1536, 2560, 768, 0.07449600100517273, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04769709487140055, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5247040092945099, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0006112087280042497, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.954032063484192, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0031337318901856546, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3473439812660217, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02321136136937616, 1, 0.0, 0},
+    {512, 512, 512, 0.20507200062274933, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0031993406183201244, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.1276160031557083, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.019762426955251124, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.027168000116944313, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2929854555776326, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.08073599636554718, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.025357193572418477, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07311999797821045, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.28347099332263215, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.21244800090789795, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.025464184010957885, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5550079941749573, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.033589057145119366, 1, 0.0, 1},
 };
 static const Point fp32_8_unaligned[] = {
     {2047, 2047, 2047, 0.2787040024995804, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.032264508707585196, 1, 0.0, 0},
@@ -19209,19 +19191,17 @@ static const Point fp32_8_unaligned[] = {
     {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08056600968294188, 1, 0.0, 0},
 };
 static const Point fp32_9_aligned[] = {
-    {1, 4096, 4096, 0.03587200120091438, 0.0, 8.317766166719343, 8.317766166719343, -0.06465721749807718, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2650879919528961, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4084230665314637, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0724480003118515, 0.0, 9.306377560173125, 8.317766166719343, 0.08434729192905946, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1496960073709488, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.039898404668885744, 1, 0.0, 0},
-    {16, 4096, 4096, 0.13654400408267975, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.32257741326241623, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10545599833130836, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.14904716983352403, 1, 0.0, 0},
-    {4096, 16, 4096, 0.1372479945421219, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.32771994492465256, 1, 0.0, 0},
-    {12, 5632, 2048, 0.11135999858379364, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.5275778793989347, 1, 0.0, 0},
-    {10, 9216, 3072, 0.23795199394226074, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.761450270840216, 1, 0.0, 0},
-    {6, 8192, 4096, 0.11296000331640244, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.16931233509409757, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2582240104675293, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.5849285592016087, 1, 0.0, 0},
-    {5, 4096, 4096, 0.060447998344898224, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.10476707364869678, 1, 0.0, 0},
-    {3, 4096, 11008, 0.09647999703884125, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.07883552837510226, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03587200120091438, 0.0, 8.317766166719343, 8.317766166719343, -0.062148917784997676, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2650879919528961, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4283441856947111, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0724480003118515, 0.0, 9.306377560173125, 8.317766166719343, 0.07604712483516467, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1496960073709488, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05311045103207926, 1, 0.0, 0},
+    {16, 4096, 4096, 0.13654400408267975, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.342819993649632, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10545599833130836, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.14548430343217347, 1, 0.0, 0},
+    {4096, 16, 4096, 0.1372479945421219, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.34796252531186844, 1, 0.0, 0},
+    {6, 8192, 4096, 0.11296000331640244, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.17943913111111354, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2582240104675293, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.6022433759933878, 1, 0.0, 0},
+    {5, 4096, 4096, 0.060447998344898224, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11582780765055088, 1, 0.0, 0},
+    {3, 4096, 11008, 0.09647999703884125, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.07959411612785988, 1, 0.0, 0},
 };
 static const Point fp32_9_unaligned[] = {
     {4096, 1, 4096, 0.03606399893760681, 8.317766166719343, 0.0, 8.317766166719343, -0.07201700671071258, 1, 0.0, 0},
@@ -19232,54 +19212,52 @@ static const Point fp32_9_unaligned[] = {
     {13, 5000, 3001, 0.1693120002746582, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.8250871578585044, 1, 0.0, 0},
 };
 static const Point fp32_10_aligned[] = {
-    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.40782008699190764, 1, 0.0, 0},
-    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0010420848887425145, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0568212945648231, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05778731730065862, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006497813915119866, 1, 0.0, 0},
-    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.016052288700607535, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.07985868851031229, 1, 0.0, 0},
-    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, 0.029163630097262784, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.00010680092521197167, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02355387516351889, 1, 0.0, 0},
-    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0468805139236251, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.035304295226575695, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.02274217312844922, 1, 0.0, 0},
-    {80, 8192, 4096, 0.10633599758148193, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.014499962522476543, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12867200374603271, 0.0, 9.306377560173125, 8.317766166719343, -0.006318600551595872, 1, 0.0, 0},
-    {8, 11008, 4096, 0.12745599448680878, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.028517123262183218, 1, 0.0, 0},
-    {16, 4096, 4096, 0.05423999950289726, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03807168122244958, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1525759994983673, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.004845028411936886, 1, 0.0, 0},
-    {4096, 16, 4096, 0.052928000688552856, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.013585559165645326, 1, 0.0, 0},
-    {12, 5632, 2048, 0.04800000041723251, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, -0.006776574788186399, 1, 0.0, 0},
-    {10, 9216, 3072, 0.09120000153779984, 2.302585092994046, 9.128696382935672, 8.030084094267563, -0.010856553781073237, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09159999713301659, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.0019863070687287133, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08284799754619598, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.006401410522676366, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05119999870657921, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0008955454295026062, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1058880016207695, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.02061888947865008, 1, 0.0, 0},
-    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.21314591629353752, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.8121439814567566, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.06645978858858115, 1, 0.0, 0},
-    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.32159828113549854, 1, 0.0, 0},
-    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07935356798502137, 1, 0.0, 0},
-    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.35723001798377263, 1, 0.0, 0},
-    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.057188825520410366, 1, 0.0, 0},
-    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08162348903224834, 1, 0.0, 0},
-    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.007008442130794722, 1, 0.0, 0},
-    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.13077614122860967, 1, 0.0, 0},
-    {384, 384, 24576, 0.11190400272607803, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.002473666826661747, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.7937119901180267, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.00850811348583331, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9066240191459656, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.012147082796956268, 1, 0.0, 0},
-    {1536, 2560, 768, 0.19091200083494186, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.06980824773785328, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7554080188274384, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.027874695363283363, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.412064075469971, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.020154231791603878, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5238719582557678, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.06617271033046128, 1, 0.0, 0},
-    {512, 512, 512, 0.8303519785404205, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.24970407177736043, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.598367989063263, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.35640746630366715, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.17500799894332886, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.14500198171122253, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.6119199991226196, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3728619196969722, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24048000574111938, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.12707521463814092, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.5700640082359314, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.3227076918833246, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05279298150115603, 1, 0.0, 1},
+    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.404514342086334, 1, 0.0, 0},
+    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0017186512487910688, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05702226535193488, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.058308280629317755, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0061859480615980575, 1, 0.0, 0},
+    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.015958449058889598, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08038398396780133, 1, 0.0, 0},
+    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, 0.026179563573605926, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0034105704486976107, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023339415848666025, 1, 0.0, 0},
+    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0472232219455524, 1, 0.0, 0},
+    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.03564700324850299, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0246385590977133, 1, 0.0, 0},
+    {80, 8192, 4096, 0.10633599758148193, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.013337961133299941, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12867200374603271, 0.0, 9.306377560173125, 8.317766166719343, -0.010718133061929702, 1, 0.0, 0},
+    {8, 11008, 4096, 0.12745599448680878, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03262940142159446, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05423999950289726, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03562795506987295, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1525759994983673, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.00024191149658271333, 1, 0.0, 0},
+    {4096, 16, 4096, 0.052928000688552856, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.011141833013068647, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09159999713301659, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.005923342352414509, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08284799754619598, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.006651770358705495, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05119999870657921, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0037328284766984343, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1058880016207695, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.021152976703395096, 1, 0.0, 0},
+    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.211885062490545, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.8121439814567566, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.06556881215753724, 1, 0.0, 0},
+    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.3202398446116147, 1, 0.0, 0},
+    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07841884468140842, 1, 0.0, 0},
+    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.3564311570484821, 1, 0.0, 0},
+    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.06214173977145129, 1, 0.0, 0},
+    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08066584555266584, 1, 0.0, 0},
+    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0033665042632135002, 1, 0.0, 0},
+    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.1386840968205588, 1, 0.0, 0},
+    {384, 384, 24576, 0.11190400272607803, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.00035931762860257505, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.7937119901180267, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.008973756747209053, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9066240191459656, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.012543966391452095, 1, 0.0, 0},
+    {1536, 2560, 768, 0.19091200083494186, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.06887926369188753, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7554080188274384, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.02731590735855363, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.412064075469971, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.019840946625319326, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5238719582557678, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0658723555319582, 1, 0.0, 0},
+    {512, 512, 512, 0.8303519785404205, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.24844321797436772, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.598367989063263, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.355384061548766, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.17500799894332886, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1440672584076096, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.6119199991226196, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3720264085470948, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24048000574111938, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13755373670722507, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.5700640082359314, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.32131745618963925, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05247714344310217, 1, 0.0, 1},
 };
 static const Point fp32_10_unaligned[] = {
     {2047, 2047, 2047, 0.4261600077152252, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02354337027588571, 1, 0.0, 0},
@@ -19296,54 +19274,52 @@ static const Point fp32_10_unaligned[] = {
     {1024, 1024, 1024, 0.09302400052547455, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.009751866230610987, 1, 0.0, 0},
 };
 static const Point fp32_11_aligned[] = {
-    {256, 256, 256, 0.015776000916957855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.013448427427947784, 1, 0.0, 0},
-    {512, 512, 512, 0.023679999634623528, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.011709988993879681, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04049599915742874, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03687596299735316, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.14854399859905243, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05858349701573837, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2218559980392456, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.017798671657458638, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.26094388961792, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.026219533835160527, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5472640097141266, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.004362636433683598, 1, 0.0, 0},
-    {1, 4096, 4096, 0.14001599699258804, 0.0, 8.317766166719343, 8.317766166719343, 0.04814157168440403, 1, 0.0, 0},
-    {16, 8192, 4096, 0.14057600498199463, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.022508149538847277, 1, 0.0, 0},
-    {64, 4096, 8192, 0.26870399713516235, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.026310168058763374, 1, 0.0, 0},
-    {128, 8192, 8192, 0.27001601457595825, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.028694077396495245, 1, 0.0, 0},
-    {8192, 128, 8192, 0.27508799731731415, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010084311154808213, 1, 0.0, 0},
-    {4096, 32, 4096, 0.13964800536632538, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03966465756548126, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1385280042886734, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.015395084357304656, 1, 0.0, 0},
-    {1, 11008, 4096, 0.14446400105953217, 0.0, 9.306377560173125, 8.317766166719343, 0.03907349186547118, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1422719955444336, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02037271654481459, 1, 0.0, 0},
-    {16, 4096, 4096, 0.14000000059604645, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04519470817229067, 1, 0.0, 0},
-    {4, 14336, 4096, 0.14500799775123596, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.02210400487652938, 1, 0.0, 0},
-    {4096, 16, 4096, 0.1382720023393631, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03277505797359415, 1, 0.0, 0},
-    {12, 5632, 2048, 0.07507199794054031, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.046232369504359355, 1, 0.0, 0},
-    {10, 9216, 3072, 0.10864000022411346, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.028456872278039076, 1, 0.0, 0},
-    {6, 8192, 4096, 0.1382399946451187, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.009429634233618187, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2671999931335449, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.030774693657466434, 1, 0.0, 0},
-    {5, 4096, 4096, 0.1369280070066452, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.02508403520764451, 1, 0.0, 0},
-    {3, 4096, 11008, 0.35464000701904297, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.028436760040850502, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16019199788570404, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.038188616548896964, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.6830080151557922, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.029652076637114312, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3547680079936981, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.014072378926709993, 1, 0.0, 0},
-    {2048, 2048, 128, 0.019807999953627586, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03949002323439057, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1273919939994812, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.006839619109718185, 1, 0.0, 0},
-    {256, 256, 32768, 1.0685439705848694, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.07671319427017224, 1, 0.0, 0},
-    {512, 512, 16384, 0.5326079726219177, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.045985807858520016, 1, 0.0, 0},
-    {128, 1024, 65536, 2.089568018913269, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.05190676215167715, 1, 0.0, 0},
-    {64, 64, 131072, 4.208415985107422, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.07330022604728931, 1, 0.0, 0},
-    {384, 384, 24576, 0.7836160063743591, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.04335907095541414, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1036959886550903, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.001892448035926842, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.5486559867858887, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.04851490599452785, 1, 0.0, 0},
-    {1536, 2560, 768, 0.06139199994504452, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0507873176347466, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.45924799144268036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.015053567685494785, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.3830560445785522, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.07055162969824048, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.081824004650116, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.028794270713333014, 1, 0.0, 0},
-    {512, 512, 512, 0.15971200168132782, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0411894953452477, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.10419200360774994, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.002714869068994165, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.027343999594449997, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3619012406151277, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07177600264549255, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06066415643175025, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08364800363779068, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.0029444964649657937, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.17289599776268005, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.030908165442288433, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.2461439967155457, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03781789709829659, 1, 0.0, 1},
+    {256, 256, 256, 0.015776000916957855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.009187340823934697, 1, 0.0, 0},
+    {512, 512, 512, 0.023679999634623528, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.005876657276889797, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04049599915742874, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03324638957719417, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.14854399859905243, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0592963922884073, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2218559980392456, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01717436626708176, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.26094388961792, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.026845747474736295, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5472640097141266, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.005032865002695373, 1, 0.0, 0},
+    {1, 4096, 4096, 0.14001599699258804, 0.0, 8.317766166719343, 8.317766166719343, 0.05768052326288377, 1, 0.0, 0},
+    {16, 8192, 4096, 0.14057600498199463, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.029964035752909755, 1, 0.0, 0},
+    {64, 4096, 8192, 0.26870399713516235, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.03537082145494497, 1, 0.0, 0},
+    {128, 8192, 8192, 0.27001601457595825, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.023746847526898405, 1, 0.0, 0},
+    {8192, 128, 8192, 0.27508799731731415, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.005137081285211395, 1, 0.0, 0},
+    {4096, 32, 4096, 0.13964800536632538, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.048787356578304325, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1385280042886734, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.009526886071212007, 1, 0.0, 0},
+    {1, 11008, 4096, 0.14446400105953217, 0.0, 9.306377560173125, 8.317766166719343, 0.045791951493263316, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1422719955444336, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.026858220465504002, 1, 0.0, 0},
+    {16, 4096, 4096, 0.14000000059604645, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05453161788232878, 1, 0.0, 0},
+    {4, 14336, 4096, 0.14500799775123596, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.027419881507872088, 1, 0.0, 0},
+    {4096, 16, 4096, 0.1382720023393631, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.04211196768363208, 1, 0.0, 0},
+    {6, 8192, 4096, 0.1382399946451187, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.01714059696096579, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2671999931335449, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04055394569107968, 1, 0.0, 0},
+    {5, 4096, 4096, 0.1369280070066452, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03456899296623276, 1, 0.0, 0},
+    {3, 4096, 11008, 0.35464000701904297, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03844663283050329, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16019199788570404, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.038701819589373354, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.6830080151557922, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.02882092168946229, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3547680079936981, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.013864449565738913, 1, 0.0, 0},
+    {2048, 2048, 128, 0.019807999953627586, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.038263106252834564, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1273919939994812, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.0062970417053257455, 1, 0.0, 0},
+    {256, 256, 32768, 1.0685439705848694, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.08838872516208691, 1, 0.0, 0},
+    {512, 512, 16384, 0.5326079726219177, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.0561401710242174, 1, 0.0, 0},
+    {128, 1024, 65536, 2.089568018913269, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.06316269876403394, 1, 0.0, 0},
+    {64, 64, 131072, 4.208415985107422, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08549410453072023, 1, 0.0, 0},
+    {384, 384, 24576, 0.7836160063743591, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05439980564660273, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1036959886550903, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.002155605975750217, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.5486559867858887, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.043372918250963594, 1, 0.0, 0},
+    {1536, 2560, 768, 0.06139199994504452, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.051033826848571724, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.45924799144268036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.015300281735972449, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.3830560445785522, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06969040821898592, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.081824004650116, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02816733393291534, 1, 0.0, 0},
+    {512, 512, 512, 0.15971200168132782, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04170269838572414, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.10419200360774994, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.0027353251998877334, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.027343999594449997, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36067432363357166, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07177600264549255, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06098370796356851, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08364800363779068, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.0046479955990532595, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.17289599776268005, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.031186143327995543, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.2461439967155457, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03721397295042272, 1, 0.0, 1},
 };
 static const Point fp32_11_unaligned[] = {
     {2047, 2047, 2047, 0.28572800755500793, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0552014970644849, 1, 0.0, 0},
@@ -19360,56 +19336,75 @@ static const Point fp32_11_unaligned[] = {
     {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11181039730138839, 1, 0.0, 0},
 };
 static const Point fp32_12_aligned[] = {
-    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.38203494687712314, 1, 0.0, 0},
-    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07369306440478611, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.041631009160506514, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03258507084145631, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03402968601845587, 1, 0.0, 0},
-    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05980136960061527, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02699982925948098, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.01732418490444635, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.07013727693299458, 1, 0.0, 0},
-    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.019183525755357072, 1, 0.0, 0},
-    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.011591466261253378, 1, 0.0, 0},
-    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.030520633491416704, 1, 0.0, 0},
-    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.027871528895456684, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1770240068435669, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.007509570615727462, 1, 0.0, 0},
-    {1, 11008, 4096, 0.17368000000715256, 0.0, 9.306377560173125, 8.317766166719343, -0.011561259034269147, 1, 0.0, 0},
-    {8, 11008, 4096, 0.17827199399471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.014534655506823478, 1, 0.0, 0},
-    {16, 4096, 4096, 0.09312000125646591, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.028902996346288415, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1764799952507019, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.004431743948450104, 1, 0.0, 0},
-    {4096, 16, 4096, 0.09116800129413605, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.007717971380751611, 1, 0.0, 0},
-    {12, 5632, 2048, 0.051183998584747314, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.053345862505289984, 1, 0.0, 0},
-    {10, 9216, 3072, 0.1374400034546852, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.027158057674050533, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0947519987821579, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.046276937936422194, 1, 0.0, 0},
-    {12, 4096, 8192, 0.17179200053215027, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.014786304964731553, 1, 0.0, 0},
-    {5, 4096, 4096, 0.09308800101280212, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.028559292063026452, 1, 0.0, 0},
-    {3, 4096, 11008, 0.23071999847888947, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.005624191797148717, 1, 0.0, 0},
-    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.033748365398565495, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.4707199931144714, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.03490679815683645, 1, 0.0, 0},
-    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0033554111233275756, 1, 0.0, 0},
-    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.023031355341048134, 1, 0.0, 0},
-    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.040190614054930886, 1, 0.0, 0},
-    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.03328245508758845, 1, 0.0, 0},
-    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.04229129752641091, 1, 0.0, 0},
-    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.02540328290253085, 1, 0.0, 0},
-    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.04732612955243851, 1, 0.0, 0},
-    {384, 384, 24576, 0.47678399085998535, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.06712539863302529, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.5921120047569275, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05946392222661475, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.8990880250930786, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06229130517732203, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1337279975414276, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05895556603689839, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.9271840155124664, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03230596395847068, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.730544090270996, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.06251961148450431, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.2231040000915527, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0731190147600246, 1, 0.0, 0},
-    {512, 512, 512, 0.385343998670578, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.003690199541046202, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.2749919891357422, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07414217229725446, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.04739199951291084, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.24769525818785312, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.20108799636363983, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15179472399083474, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1136000007390976, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.12844312463011717, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.4285759925842285, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.0190532520510046, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0033032085719443805, 1, 0.0, 1},
+    {1, 4096, 4096, 0.039503999054431915, 0.0, 8.317766166719343, 8.317766166719343, 0.0074124226302521475, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07385600358247757, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.017768275911290956, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08430400118231773, 0.0, 9.306377560173125, 8.317766166719343, 0.017208282860586954, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08556800335645676, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.027216345835477843, 1, 0.0, 0},
+    {16, 4096, 4096, 0.0432640016078949, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0003393504002976668, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10745599865913391, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.003576896354016295, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04318400099873543, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0015114877818410497, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06673600152134895, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.006520142394625542, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06992000341415405, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.003024095714327922, 1, 0.0, 0},
+    {5, 4096, 4096, 0.03993599861860275, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.008795647943460253, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08313599973917007, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.00293311763451305, 1, 0.0, 0},
 };
 static const Point fp32_12_unaligned[] = {
+    {4096, 1, 4096, 0.03929600119590759, 8.317766166719343, 0.0, 8.317766166719343, -0.12383407530696137, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04022400081157684, 0.0, 8.317766166719343, 8.317766166719343, -0.10049298568068467, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10547199845314026, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.028719195317099756, 1, 0.0, 0},
+    {8, 6144, 6144, 0.08841600269079208, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.014276548940043104, 1, 0.0, 0},
+    {4096, 12, 4096, 0.04438399896025658, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.0020778175586201302, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06201599910855293, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.42672102858155586, 1, 0.0, 0},
+};
+static const Point fp32_13_aligned[] = {
+    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.3888727291220879, 1, 0.0, 0},
+    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06681890045530837, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03559294790753352, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.026516744324017523, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.027577665037078328, 1, 0.0, 0},
+    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05310561936603315, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02070546129302035, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.0242649337364385, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.07707802576498693, 1, 0.0, 0},
+    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.026131724603816776, 1, 0.0, 0},
+    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.01841432307980764, 1, 0.0, 0},
+    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.037343490309970875, 1, 0.0, 0},
+    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.034812277727448944, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1770240068435669, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.01420508834272625, 1, 0.0, 0},
+    {1, 11008, 4096, 0.17368000000715256, 0.0, 9.306377560173125, 8.317766166719343, -0.004865741307270433, 1, 0.0, 0},
+    {8, 11008, 4096, 0.17827199399471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02123017323382218, 1, 0.0, 0},
+    {16, 4096, 4096, 0.09312000125646591, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03584374517828077, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1764799952507019, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.011127261675448833, 1, 0.0, 0},
+    {4096, 16, 4096, 0.09116800129413605, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.014658720212743961, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0947519987821579, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.05321768676841452, 1, 0.0, 0},
+    {12, 4096, 8192, 0.17179200053215027, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.007838106116271717, 1, 0.0, 0},
+    {5, 4096, 4096, 0.09308800101280212, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03550004089501863, 1, 0.0, 0},
+    {3, 4096, 11008, 0.23071999847888947, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0013260041280458762, 1, 0.0, 0},
+    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.030375463194510826, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.4707199931144714, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.029903433872505606, 1, 0.0, 0},
+    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.003689956750214481, 1, 0.0, 0},
+    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02158139322347171, 1, 0.0, 0},
+    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.030963615958270657, 1, 0.0, 0},
+    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.026328288725493303, 1, 0.0, 0},
+    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.03533915861550159, 1, 0.0, 0},
+    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01844808796933518, 1, 0.0, 0},
+    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.05428184254612632, 1, 0.0, 0},
+    {384, 384, 24576, 0.47678399085998535, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.06017191245116289, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.5921120047569275, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.052613652460361995, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.8990880250930786, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.055357738480032184, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1337279975414276, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.054198480460324105, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.9271840155124664, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.026324655090541847, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.730544090270996, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.05607793927550992, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.2231040000915527, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.06666460906971308, 1, 0.0, 0},
+    {512, 512, 512, 0.385343998670578, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.007063101745100851, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.2749919891357422, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07036672972987518, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.04739199951291084, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.24624529607027684, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.20108799636363983, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.14293053510352666, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1136000007390976, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.13227842530481113, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.4285759925842285, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.019478954170123557, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.003148812409433217, 1, 0.0, 1},
+};
+static const Point fp32_13_unaligned[] = {
     {2047, 2047, 2047, 0.35705600678920746, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.004253671863440344, 1, 0.0, 0},
     {1531, 1531, 1531, 0.17299200594425201, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.0002225352716325986, 1, 0.0, 0},
     {5003, 5003, 5003, 5.059776067733765, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010672268187557801, 1, 0.0, 0},
@@ -19423,43 +19418,18 @@ static const Point fp32_12_unaligned[] = {
     {4096, 4096, 4096, 2.8278720378875732, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.014584344578741701, 1, 0.0, 0},
     {1024, 1024, 1024, 0.05352000147104263, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0018043876555282274, 1, 0.0, 0},
 };
-static const Point fp32_13_aligned[] = {
-    {1, 4096, 4096, 0.039503999054431915, 0.0, 8.317766166719343, 8.317766166719343, 0.00963504502124328, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07385600358247757, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.022042566962948183, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08430400118231773, 0.0, 9.306377560173125, 8.317766166719343, -0.00964379083295254, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08556800335645676, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0610252206656295, 1, 0.0, 0},
-    {16, 4096, 4096, 0.0432640016078949, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.011739563121341876, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10745599865913391, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.03432915868327404, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04318400099873543, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.013590401303480588, 1, 0.0, 0},
-    {12, 5632, 2048, 0.039423998445272446, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, -0.012985211772058554, 1, 0.0, 0},
-    {10, 9216, 3072, 0.07864000275731087, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.10597026237440305, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06673600152134895, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.01038929208030488, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06992000341415405, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.003877754457815541, 1, 0.0, 0},
-    {5, 4096, 4096, 0.03993599861860275, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.010687948060998103, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08313599973917007, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.02858833535618358, 1, 0.0, 0},
-};
-static const Point fp32_13_unaligned[] = {
-    {4096, 1, 4096, 0.03929600119590759, 8.317766166719343, 0.0, 8.317766166719343, -0.12383407530696137, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04022400081157684, 0.0, 8.317766166719343, 8.317766166719343, -0.10049298568068467, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10547199845314026, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.028719195317099756, 1, 0.0, 0},
-    {8, 6144, 6144, 0.08841600269079208, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.014276548940043104, 1, 0.0, 0},
-    {4096, 12, 4096, 0.04438399896025658, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.0020778175586201302, 1, 0.0, 0},
-    {13, 5000, 3001, 0.06201599910855293, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.42672102858155586, 1, 0.0, 0},
-};
 static const Point fp32_14_aligned[] = {
-    {1, 4096, 4096, 0.03855999931693077, 0.0, 8.317766166719343, 8.317766166719343, -0.0015805663830869318, 1, 0.0, 0},
-    {16, 8192, 4096, 0.12009599804878235, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12765165735601317, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07622399926185608, 0.0, 9.306377560173125, 8.317766166719343, 0.06876955411455833, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08750400319695473, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.10017036193913187, 1, 0.0, 0},
-    {16, 4096, 4096, 0.0629120022058487, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.05059739705441382, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10241599753499031, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.07622433908621952, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06272000074386597, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.053653968739301706, 1, 0.0, 0},
-    {12, 5632, 2048, 0.041391998529434204, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, -0.0037238253159695687, 1, 0.0, 0},
-    {10, 9216, 3072, 0.09446399658918381, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.18157611929694148, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07804799824953079, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.021596794037324413, 1, 0.0, 0},
-    {12, 4096, 8192, 0.10449599847197533, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.07170109013767552, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04428799822926521, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.03725977596795264, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08479999750852585, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.056900941810083865, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03855999931693077, 0.0, 8.317766166719343, 8.317766166719343, -0.0035090878855225925, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12009599804878235, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1800930280511675, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07622399926185608, 0.0, 9.306377560173125, 8.317766166719343, 0.06966152054369727, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08750400319695473, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.08820891498174198, 1, 0.0, 0},
+    {16, 4096, 4096, 0.0629120022058487, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.0210785893743326, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10241599753499031, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.04592093764209061, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06272000074386597, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.024135161059220523, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07804799824953079, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.06072777103695692, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10449599847197533, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.08045454823515519, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04428799822926521, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.027232593136167573, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08479999750852585, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.023416091732979337, 1, 0.0, 0},
 };
 static const Point fp32_14_unaligned[] = {
     {4096, 1, 4096, 0.03846399858593941, 8.317766166719343, 0.0, 8.317766166719343, -0.18450396498428687, 1, 0.0, 0},
@@ -19470,54 +19440,52 @@ static const Point fp32_14_unaligned[] = {
     {13, 5000, 3001, 0.09585599973797798, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.2787035247952688, 1, 0.0, 0},
 };
 static const Point fp32_15_aligned[] = {
-    {256, 256, 256, 0.01190400030463934, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1596308964916217, 1, 0.0, 0},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.052678071715761374, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04396799951791763, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06177047783538588, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.24265600740909576, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05717752506153762, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.630079984664917, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07104168630604638, 1, 0.0, 0},
-    {8192, 8192, 8192, 14.82795238494873, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.13630510819255193, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.707040011882782, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0771908007496614, 1, 0.0, 0},
-    {1, 4096, 4096, 0.041439998894929886, 0.0, 8.317766166719343, 8.317766166719343, 0.1204701667009943, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09937600046396255, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4342390866319461, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0681919977068901, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.11100671106251953, 1, 0.0, 0},
-    {128, 8192, 8192, 0.19964799284934998, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08243509127875343, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20214400440454483, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.07001053488540757, 1, 0.0, 0},
-    {4096, 32, 4096, 0.0666240006685257, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.0343933291730514, 1, 0.0, 0},
-    {80, 8192, 4096, 0.11532799899578094, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.036717014937610266, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09715200215578079, 0.0, 9.306377560173125, 8.317766166719343, 0.05441900013924577, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09699200093746185, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05277072615710822, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04238399863243103, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.14299449568006917, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1241919994354248, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03733150186458492, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06801600009202957, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0550714191157323, 1, 0.0, 0},
-    {12, 5632, 2048, 0.041280001401901245, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.029475990255258898, 1, 0.0, 0},
-    {10, 9216, 3072, 0.07702399790287018, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.04291471420086873, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07184000313282013, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10976991374848159, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0679360032081604, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.10724562151768958, 1, 0.0, 0},
-    {5, 4096, 4096, 0.041280001401901245, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11660175055060959, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08291199803352356, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06457706779925441, 1, 0.0, 0},
-    {4096, 4096, 512, 0.46801599860191345, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.1297149554588872, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3321920037269592, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.032336076896705895, 1, 0.0, 0},
-    {8192, 8192, 256, 1.4982720017433167, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.20558419964537838, 1, 0.0, 0},
-    {2048, 2048, 128, 0.09308800101280212, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.21931976374495704, 1, 0.0, 0},
-    {16384, 4096, 64, 1.1845600008964539, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1389977733918608, 1, 0.0, 0},
-    {256, 256, 32768, 0.17452800273895264, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16952441508104965, 1, 0.0, 0},
-    {512, 512, 16384, 0.09759999811649323, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11603602619630839, 1, 0.0, 0},
-    {128, 1024, 65536, 0.34012800455093384, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.16487601846618127, 1, 0.0, 0},
-    {64, 64, 131072, 0.6587840020656586, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1813126640608421, 1, 0.0, 0},
-    {384, 384, 24576, 0.1340479999780655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.16559533135702204, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9129280149936676, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10516540381780957, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1129600405693054, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06560592162482798, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13900800049304962, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08576194251198561, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6545760035514832, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.030951425684894073, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.135663986206055, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.10492335336978582, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.6280159950256348, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0627366715122203, 1, 0.0, 0},
-    {512, 512, 512, 0.4747200012207031, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.14393763419264094, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.7157440185546875, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3156120418400378, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.10480000078678131, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3378282499465127, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.6125440001487732, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15991023160486048, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24643200635910034, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.14447476056761172, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.7652640044689178, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.21550199550147062, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.745631992816925, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0025541066479404205, 1, 0.0, 1},
+    {256, 256, 256, 0.01190400030463934, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15456240284185127, 1, 0.0, 0},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.048060755492924254, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04396799951791763, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.053095908613635785, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.24265600740909576, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.050245210932685885, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.630079984664917, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06676748077107164, 1, 0.0, 0},
+    {8192, 8192, 8192, 14.82795238494873, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.13881984893735339, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.707040011882782, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.07190201875237029, 1, 0.0, 0},
+    {1, 4096, 4096, 0.041439998894929886, 0.0, 8.317766166719343, 8.317766166719343, 0.12268988565520111, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09937600046396255, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4373591923955676, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0681919977068901, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.11253234354830632, 1, 0.0, 0},
+    {128, 8192, 8192, 0.19964799284934998, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08019550149854889, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20214400440454483, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.06777094510520314, 1, 0.0, 0},
+    {4096, 32, 4096, 0.0666240006685257, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03751343493667278, 1, 0.0, 0},
+    {80, 8192, 4096, 0.11532799899578094, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.03304356638480731, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09715200215578079, 0.0, 9.306377560173125, 8.317766166719343, 0.05789884288876773, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09699200093746185, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.056250568906630195, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04238399863243103, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.145214214634276, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1241919994354248, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04100495041738805, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06801600009202957, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.058191524879353876, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07184000313282013, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.11289001951210305, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0679360032081604, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.10877125400347645, 1, 0.0, 0},
+    {5, 4096, 4096, 0.041280001401901245, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11882146950481622, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08291199803352356, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0658772686261599, 1, 0.0, 0},
+    {4096, 4096, 512, 0.46801599860191345, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.14645938705425474, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3321920037269592, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04401502127947739, 1, 0.0, 0},
+    {8192, 8192, 256, 1.4982720017433167, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22789106698968614, 1, 0.0, 0},
+    {2048, 2048, 128, 0.09308800101280212, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.24216083420608522, 1, 0.0, 0},
+    {16384, 4096, 64, 1.1845600008964539, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.16535953379572663, 1, 0.0, 0},
+    {256, 256, 32768, 0.17452800273895264, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16873815821215635, 1, 0.0, 0},
+    {512, 512, 16384, 0.09759999811649323, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1149753889194071, 1, 0.0, 0},
+    {128, 1024, 65536, 0.34012800455093384, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.16423969121560794, 1, 0.0, 0},
+    {64, 64, 131072, 0.6587840020656586, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1807548369322372, 1, 0.0, 0},
+    {384, 384, 24576, 0.1340479999780655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1647140248867548, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9129280149936676, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10368472617430124, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1129600405693054, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06480775306211208, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13900800049304962, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09844101412388095, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6545760035514832, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.023766133002582374, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.135663986206055, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.10922496633714697, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.6280159950256348, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.06700450125500033, 1, 0.0, 0},
+    {512, 512, 512, 0.4747200012207031, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16068206578800853, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.7157440185546875, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.34170504814434366, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.10480000078678131, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36066932040764077, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.6125440001487732, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18600323790916642, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24643200635910034, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16077644545540018, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.7652640044689178, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.2376120869055097, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.745631992816925, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0017200988870343834, 1, 0.0, 1},
 };
 static const Point fp32_15_unaligned[] = {
     {2047, 2047, 2047, 0.35385599732398987, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02840521831906277, 1, 0.0, 0},
@@ -19534,54 +19502,52 @@ static const Point fp32_15_unaligned[] = {
     {1024, 1024, 1024, 0.07215999811887741, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.016881676491655402, 1, 0.0, 0},
 };
 static const Point fp32_16_aligned[] = {
-    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1095266698603006, 1, 0.0, 0},
-    {512, 512, 512, 0.013439999893307686, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02579054099973531, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.03469930865030873, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.24006399512290955, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.046527489494234325, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5861279964447021, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.08298937412612276, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.438688278198242, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.053109168094964604, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6882239878177643, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08766027159968336, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06340799853205681, 0.0, 8.317766166719343, 8.317766166719343, 0.03443514195845706, 1, 0.0, 0},
-    {16, 8192, 4096, 0.1306079998612404, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12070510681432096, 1, 0.0, 0},
-    {64, 4096, 8192, 0.10555199906229973, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.032785898098098266, 1, 0.0, 0},
-    {128, 8192, 8192, 0.20665599405765533, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02257255421397098, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20689599961042404, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.021411850924475524, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04217600077390671, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.21508136696926122, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1148960031569004, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.007467963988149067, 1, 0.0, 0},
-    {1, 11008, 4096, 0.19750399887561798, 0.0, 9.306377560173125, 8.317766166719343, 0.1484743973231859, 1, 0.0, 0},
-    {8, 11008, 4096, 0.19113600254058838, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.1157007955574439, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06892800331115723, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.11790765823296954, 1, 0.0, 0},
-    {4, 14336, 4096, 0.24540799856185913, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21718058520297445, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04108799993991852, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.18894611634499467, 1, 0.0, 0},
-    {12, 5632, 2048, 0.05571199953556061, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.05646710732318922, 1, 0.0, 0},
-    {10, 9216, 3072, 0.12742400169372559, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.11902793785983293, 1, 0.0, 0},
-    {6, 8192, 4096, 0.14180800318717957, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2029786896390913, 1, 0.0, 0},
-    {12, 4096, 8192, 0.10566399991512299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.031725364200447775, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06614399701356888, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0766792670100453, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1438720002770424, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.013532572790688585, 1, 0.0, 0},
-    {4096, 4096, 512, 0.4419519901275635, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.08568432244023287, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.2898880243301392, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.012203920866894669, 1, 0.0, 0},
-    {8192, 8192, 256, 1.4807040095329285, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.20078963114768902, 1, 0.0, 0},
-    {2048, 2048, 128, 0.22952000051736832, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 1.1563218712177759, 1, 0.0, 0},
-    {16384, 4096, 64, 1.206063985824585, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1623408443610824, 1, 0.0, 0},
-    {256, 256, 32768, 0.18251200020313263, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0981933443870948, 1, 0.0, 0},
-    {512, 512, 16384, 0.0982080027461052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07376625014762603, 1, 0.0, 0},
-    {128, 1024, 65536, 0.35446399450302124, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.10212324229130601, 1, 0.0, 0},
-    {64, 64, 131072, 0.6824319958686829, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1272544756254825, 1, 0.0, 0},
-    {384, 384, 24576, 0.13990400731563568, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09296941726289495, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9589920043945312, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.03823388939048725, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1542719602584839, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.011428468616631349, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13436800241470337, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.07908252928716772, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6458719968795776, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.028405909575396467, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.9651198387146, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08574114064861738, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5852320194244385, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.051676218041757246, 1, 0.0, 0},
-    {512, 512, 512, 0.458624005317688, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.12271377972027914, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6912960112094879, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2884058582658043, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.10115200281143188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.336956061117872, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.6071680188179016, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15864330007937869, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.13470400124788284, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.22027578399063974, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.7333440184593201, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.18174508834584052, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7094560265541077, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.008109991240180496, 1, 0.0, 1},
+    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10738922792253316, 1, 0.0, 0},
+    {512, 512, 512, 0.013439999893307686, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02775131528177154, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04291011086781336, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.24006399512290955, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0395548241928087, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5861279964447021, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07858717458681663, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.438688278198242, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.05575514870280765, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6882239878177643, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08226138814381223, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06340799853205681, 0.0, 8.317766166719343, 8.317766166719343, 0.037041637435657776, 1, 0.0, 0},
+    {16, 8192, 4096, 0.1306079998612404, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12418772941947098, 1, 0.0, 0},
+    {64, 4096, 8192, 0.10555199906229973, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.031063928244003905, 1, 0.0, 0},
+    {128, 8192, 8192, 0.20665599405765533, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.020399613915878072, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20689599961042404, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01923891062638262, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04217600077390671, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.21619879290224955, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1148960031569004, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.003985341382999095, 1, 0.0, 0},
+    {1, 11008, 4096, 0.19750399887561798, 0.0, 9.306377560173125, 8.317766166719343, 0.15227246275593262, 1, 0.0, 0},
+    {8, 11008, 4096, 0.19113600254058838, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11949886099019076, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06892800331115723, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1205141537101704, 1, 0.0, 0},
+    {4, 14336, 4096, 0.24540799856185913, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2210711117390026, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04108799993991852, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.19006354227798294, 1, 0.0, 0},
+    {6, 8192, 4096, 0.14180800318717957, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2064613122442413, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10566399991512299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03000339434635339, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06614399701356888, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07928576248724614, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1438720002770424, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.014992227120920089, 1, 0.0, 0},
+    {4096, 4096, 512, 0.4419519901275635, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.1025720705447068, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.2898880243301392, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.02404620150951005, 1, 0.0, 0},
+    {8192, 8192, 256, 1.4807040095329285, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.223226799612554, 1, 0.0, 0},
+    {2048, 2048, 128, 0.22952000051736832, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 1.179319010195246, 1, 0.0, 0},
+    {16384, 4096, 64, 1.206063985824585, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1887929768044912, 1, 0.0, 0},
+    {256, 256, 32768, 0.18251200020313263, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09751453089358518, 1, 0.0, 0},
+    {512, 512, 16384, 0.0982080027461052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07300681740415259, 1, 0.0, 0},
+    {128, 1024, 65536, 0.35446399450302124, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.10148784994370114, 1, 0.0, 0},
+    {64, 64, 131072, 0.6824319958686829, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12664164269653183, 1, 0.0, 0},
+    {384, 384, 24576, 0.13990400731563568, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09226284666401546, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9589920043945312, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.0366729198741656, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1542719602584839, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.010552339416340447, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13436800241470337, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09178470370216237, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6458719968795776, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.021099427705838603, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.9651198387146, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09018453413691926, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5852320194244385, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.05606882530348114, 1, 0.0, 0},
+    {512, 512, 512, 0.458624005317688, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1396015278247531, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6912960112094879, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3146012864591412, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.10115200281143188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.35995320009534226, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.6071680188179016, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18483872827271558, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.13470400124788284, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.235782810538657, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.7333440184593201, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.2039876953883154, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7094560265541077, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0037077917008744503, 1, 0.0, 1},
 };
 static const Point fp32_16_unaligned[] = {
     {2047, 2047, 2047, 0.3537760078907013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01940164151320501, 1, 0.0, 0},
@@ -19598,54 +19564,52 @@ static const Point fp32_16_unaligned[] = {
     {1024, 1024, 1024, 0.07180800288915634, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02214791840871326, 1, 0.0, 0},
 };
 static const Point fp32_17_aligned[] = {
-    {256, 256, 256, 0.008799999952316284, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09517247541993719, 1, 0.0, 0},
-    {512, 512, 512, 0.01603199914097786, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.003142724663734729, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05603199824690819, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1356512890547714, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.3108159899711609, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.18266888562954925, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.176495909690857, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.13008958049753136, 1, 0.0, 0},
-    {8192, 8192, 8192, 17.974224090576172, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.006315236945365422, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.8867200016975403, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.17207933534373573, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04966399818658829, 0.0, 8.317766166719343, 8.317766166719343, 0.09806246413839494, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08745600283145905, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0332035581859864, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08134400099515915, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.03919568537209932, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2831360101699829, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.046183534616339984, 1, 0.0, 0},
-    {8192, 128, 8192, 0.26307201385498047, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.11968310647928122, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04992000013589859, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10320390287474743, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1584320068359375, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0330123161189752, 1, 0.0, 0},
-    {1, 11008, 4096, 0.13206399977207184, 0.0, 9.306377560173125, 8.317766166719343, 0.061597468084071905, 1, 0.0, 0},
-    {8, 11008, 4096, 0.12588800489902496, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.01370347792212767, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04992000013589859, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10320390287474743, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1568640023469925, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08582923518499813, 1, 0.0, 0},
-    {4096, 16, 4096, 0.049247998744249344, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.08965090824920546, 1, 0.0, 0},
-    {12, 5632, 2048, 0.04303999990224838, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.07529868095142354, 1, 0.0, 0},
-    {10, 9216, 3072, 0.08726400136947632, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.04239183497390804, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09334400296211243, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09835934148311963, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08140800148248672, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03998216405933183, 1, 0.0, 0},
-    {5, 4096, 4096, 0.049536000937223434, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09548187297855619, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10236799716949463, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.013086546539903807, 1, 0.0, 0},
-    {4096, 4096, 512, 0.5867840051651001, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.12312965964867878, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.7225599884986877, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1503393523921438, 1, 0.0, 0},
-    {8192, 8192, 256, 1.9047839641571045, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10090476340703859, 1, 0.0, 0},
-    {2048, 2048, 128, 0.11827199906110764, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.04863362446302635, 1, 0.0, 0},
-    {16384, 4096, 64, 1.5145599842071533, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.19965953060558575, 1, 0.0, 0},
-    {256, 256, 32768, 0.11964800208806992, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1671149493990125, 1, 0.0, 0},
-    {512, 512, 16384, 0.1271039992570877, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12897974332127296, 1, 0.0, 0},
-    {128, 1024, 65536, 0.24011199921369553, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.13267998782454496, 1, 0.0, 0},
-    {64, 64, 131072, 0.44862399995326996, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18486341168066125, 1, 0.0, 0},
-    {384, 384, 24576, 0.18196800351142883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.14796436364920873, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1677280068397522, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12815685394775245, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.459231972694397, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10711297620675943, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1714559942483902, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.12631615336893096, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.8431359827518463, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.16413865815715675, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.334287881851196, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.04327889788583992, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.0760159492492676, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.040711964411781654, 1, 0.0, 0},
-    {512, 512, 512, 0.6366240084171295, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04160722017620515, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.9647199809551239, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.03750416742308093, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.13660800457000732, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.09549487092521512, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.8052160143852234, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.14322313435809927, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1753920018672943, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.008228674995618288, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.9846560060977936, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07217213280863995, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.142815947532654, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.1456849558228064, 1, 0.0, 1},
+    {256, 256, 256, 0.008799999952316284, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0921764288924024, 1, 0.0, 0},
+    {512, 512, 512, 0.01603199914097786, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.020589184176085632, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05603199824690819, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10794613527417174, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.3108159899711609, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1621529782178074, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.176495909690857, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11812790631863648, 1, 0.0, 0},
+    {8192, 8192, 8192, 17.974224090576172, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.00011542160937617547, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.8867200016975403, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1568673102770202, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04966399818658829, 0.0, 8.317766166719343, 8.317766166719343, 0.1037443055496022, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08745600283145905, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04187246023485972, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08134400099515915, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.042150150829529866, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2831360101699829, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04083043362480461, 1, 0.0, 0},
+    {8192, 128, 8192, 0.26307201385498047, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.11433000548774581, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04992000013589859, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10888574428595467, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1584320068359375, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.022696943365634322, 1, 0.0, 0},
+    {1, 11008, 4096, 0.13206399977207184, 0.0, 9.306377560173125, 8.317766166719343, 0.07135166854346923, 1, 0.0, 0},
+    {8, 11008, 4096, 0.12588800489902496, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.023457678381525005, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04992000013589859, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10888574428595467, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1568640023469925, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.09590254940244239, 1, 0.0, 0},
+    {4096, 16, 4096, 0.049247998744249344, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09533274966041264, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09334400296211243, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10702824353199307, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08140800148248672, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0429366295167623, 1, 0.0, 0},
+    {5, 4096, 4096, 0.049536000937223434, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.10116371438976347, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10236799716949463, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.015206913443504683, 1, 0.0, 0},
+    {4096, 4096, 512, 0.5867840051651001, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07559939735100261, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.7225599884986877, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11636225744796821, 1, 0.0, 0},
+    {8192, 8192, 256, 1.9047839641571045, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.040493150280156334, 1, 0.0, 0},
+    {2048, 2048, 128, 0.11827199906110764, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.015895604900850544, 1, 0.0, 0},
+    {16384, 4096, 64, 1.5145599842071533, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.1304204116092077, 1, 0.0, 0},
+    {256, 256, 32768, 0.11964800208806992, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1675934763860979, 1, 0.0, 0},
+    {512, 512, 16384, 0.1271039992570877, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12771998293374723, 1, 0.0, 0},
+    {128, 1024, 65536, 0.24011199921369553, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1332819122609225, 1, 0.0, 0},
+    {64, 64, 131072, 0.44862399995326996, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1855299923252643, 1, 0.0, 0},
+    {384, 384, 24576, 0.18196800351142883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.14733213808197626, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1677280068397522, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12544136657423202, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.459231972694397, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10673792353636699, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1714559942483902, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08858487830284219, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.8431359827518463, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1430492638081082, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.334287881851196, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.03124435693231078, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.0760159492492676, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.028767353635245383, 1, 0.0, 0},
+    {512, 512, 512, 0.6366240084171295, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.005923042121470975, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.9647199809551239, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1064068915360469, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.13660800457000732, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1600241002890919, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.8052160143852234, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.07432041024513324, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1753920018672943, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.053639668791288224, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.9846560060977936, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.0120307010081817, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.142815947532654, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.13372328164391153, 1, 0.0, 1},
 };
 static const Point fp32_17_unaligned[] = {
     {2047, 2047, 2047, 0.35367999970912933, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.020751113256918363, 1, 0.0, 0},
@@ -19662,54 +19626,52 @@ static const Point fp32_17_unaligned[] = {
     {1024, 1024, 1024, 0.07211199775338173, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.010046612750378842, 1, 0.0, 0},
 };
 static const Point fp32_18_aligned[] = {
-    {256, 256, 256, 0.024992000311613083, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.24214745167358673, 1, 0.0, 0},
-    {512, 512, 512, 0.03200000151991844, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06405061498756279, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.09616000205278397, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0845835196189727, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.37646400928497314, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.021494895816139923, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.032625934319186374, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.284800052642822, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.026111740446580683, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.9330080151557922, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04385951428714953, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05740800127387047, 0.0, 8.317766166719343, 8.317766166719343, -0.002178609761454284, 1, 0.0, 0},
-    {16, 8192, 4096, 0.10809600353240967, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.016561648027264893, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09769599884748459, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03368184314823059, 1, 0.0, 0},
-    {128, 8192, 8192, 0.21985600143671036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.026267925058846155, 1, 0.0, 0},
-    {8192, 128, 8192, 0.220271997153759, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.02815826533375265, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05934400111436844, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05195619829616902, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1279039978981018, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.008157590711882856, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1345279961824417, 0.0, 9.306377560173125, 8.317766166719343, 0.002764729949136725, 1, 0.0, 0},
-    {8, 11008, 4096, 0.13212799280881882, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03749393042189627, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06172800064086914, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.029381092323633624, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1674399971961975, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.010154965088496972, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05951999872922897, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.007044185607314755, 1, 0.0, 0},
-    {12, 5632, 2048, 0.05737600103020668, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, -0.013235809984783015, 1, 0.0, 0},
-    {10, 9216, 3072, 0.10275200009346008, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.04562081433822917, 1, 0.0, 0},
-    {6, 8192, 4096, 0.10156799852848053, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.015072168858448946, 1, 0.0, 0},
-    {12, 4096, 8192, 0.09279999881982803, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.02366451519330112, 1, 0.0, 0},
-    {5, 4096, 4096, 0.059967998415231705, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.030351597967867124, 1, 0.0, 0},
-    {3, 4096, 11008, 0.11190400272607803, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0015381481943251435, 1, 0.0, 0},
-    {4096, 4096, 512, 1.5503199696540833, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.3854322748140512, 1, 0.0, 0},
-    {5120, 7168, 1024, 3.4506720304489136, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.2858460014797126, 1, 0.0, 0},
-    {8192, 8192, 256, 6.13644814491272, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.4072609080290836, 1, 0.0, 0},
-    {2048, 2048, 128, 0.29844799637794495, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10318512024655935, 1, 0.0, 0},
-    {16384, 4096, 64, 6.195791959762573, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4319477677921499, 1, 0.0, 0},
-    {256, 256, 32768, 0.07897599786520004, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.018374930074757795, 1, 0.0, 0},
-    {512, 512, 16384, 0.09704000130295753, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.02655293916312442, 1, 0.0, 0},
-    {128, 1024, 65536, 0.16120000183582306, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.019841984384998592, 1, 0.0, 0},
-    {64, 64, 131072, 0.25678399205207825, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.11826957090980812, 1, 0.0, 0},
-    {384, 384, 24576, 0.12062400206923485, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.014757458320248289, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8446399867534637, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.02000813465961398, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9571840167045593, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.025606376269100433, 1, 0.0, 0},
-    {1536, 2560, 768, 0.31596800684928894, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08820682430013708, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.0976960062980652, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.07231550798907124, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.349792003631592, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.018809546675285328, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.7693760395050049, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.009624427763933026, 1, 0.0, 0},
-    {512, 512, 512, 1.569648027420044, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.3978223410222033, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 3.0990720987319946, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.4229360053540725, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.31542399525642395, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.15850716952495403, 256, 5.545177444479562, 0},
-    {512, 512, 64, 3.1172159910202026, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.43379774209483535, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.3924480080604553, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.037121672719555555, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 3.0350239276885986, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.3920792940966784, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.3468639850616455, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.13899818727560034, 1, 0.0, 1},
+    {256, 256, 256, 0.024992000311613083, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2311021094171538, 1, 0.0, 0},
+    {512, 512, 512, 0.03200000151991844, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.055014664011374705, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.09616000205278397, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.08222589256071423, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.37646400928497314, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.021172990343543613, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03347689490013488, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.284800052642822, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.025032317423280204, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.9330080151557922, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.042890541488459596, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05740800127387047, 0.0, 8.317766166719343, 8.317766166719343, 0.001876784518923497, 1, 0.0, 0},
+    {16, 8192, 4096, 0.10809600353240967, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.022690689775423874, 1, 0.0, 0},
+    {64, 4096, 8192, 0.09769599884748459, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03357748271460873, 1, 0.0, 0},
+    {128, 8192, 8192, 0.21985600143671036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.026012023743065566, 1, 0.0, 0},
+    {8192, 128, 8192, 0.220271997153759, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.027902364017971942, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05934400111436844, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04998339894874158, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1279039978981018, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009710800298035354, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1345279961824417, 0.0, 9.306377560173125, 8.317766166719343, 0.011319239921052557, 1, 0.0, 0},
+    {8, 11008, 4096, 0.13212799280881882, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.02961755303932569, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06172800064086914, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.032385064028993917, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1674399971961975, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.001229597004489777, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05951999872922897, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.004040213901954642, 1, 0.0, 0},
+    {6, 8192, 4096, 0.10156799852848053, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.008061034224827558, 1, 0.0, 0},
+    {12, 4096, 8192, 0.09279999881982803, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.025422866095277545, 1, 0.0, 0},
+    {5, 4096, 4096, 0.059967998415231705, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03411799364163347, 1, 0.0, 0},
+    {3, 4096, 11008, 0.11190400272607803, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0028706415869259264, 1, 0.0, 0},
+    {4096, 4096, 512, 1.5503199696540833, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.38583389305274063, 1, 0.0, 0},
+    {5120, 7168, 1024, 3.4506720304489136, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.28642033866770406, 1, 0.0, 0},
+    {8192, 8192, 256, 6.13644814491272, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.40744713454651815, 1, 0.0, 0},
+    {2048, 2048, 128, 0.29844799637794495, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1026719518695238, 1, 0.0, 0},
+    {16384, 4096, 64, 6.195791959762573, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.43187790542816595, 1, 0.0, 0},
+    {256, 256, 32768, 0.07897599786520004, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.022108565521260493, 1, 0.0, 0},
+    {512, 512, 16384, 0.09704000130295753, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.028430968841636605, 1, 0.0, 0},
+    {128, 1024, 65536, 0.16120000183582306, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.020491920591972787, 1, 0.0, 0},
+    {64, 64, 131072, 0.25678399205207825, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.11344948160613408, 1, 0.0, 0},
+    {384, 384, 24576, 0.12062400206923485, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.012629565679499938, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8446399867534637, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.020825399106722656, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9571840167045593, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.026489746898851526, 1, 0.0, 0},
+    {1536, 2560, 768, 0.31596800684928894, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08797939393964627, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.0976960062980652, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.07289918062745414, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.349792003631592, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.017901311839610322, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.7693760395050049, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.008815949589420316, 1, 0.0, 0},
+    {512, 512, 512, 1.569648027420044, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.39822395926089266, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 3.0990720987319946, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.4229149045145459, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.31542399525642395, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.15799400114791856, 256, 5.545177444479562, 0},
+    {512, 512, 64, 3.1172159910202026, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.43369061654884117, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.3924480080604553, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.0263457686430136, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 3.0350239276885986, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.39222770327425777, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.3468639850616455, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.13986101901006445, 1, 0.0, 1},
 };
 static const Point fp32_18_unaligned[] = {
     {2047, 2047, 2047, 0.5800159871578217, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022234029914875775, 1, 0.0, 0},
@@ -19726,54 +19688,52 @@ static const Point fp32_18_unaligned[] = {
     {1024, 1024, 1024, 0.13849599659442902, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.024042454692024456, 1, 0.0, 0},
 };
 static const Point fp32_19_aligned[] = {
-    {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.007993191679133935, 1, 0.0, 0},
-    {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.010480632012310058, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.00946814071869693, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.4678080081939697, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.04245590505083984, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.590672016143799, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01880694239213982, 1, 0.0, 0},
-    {8192, 8192, 8192, 25.99796772003174, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0624022071313141, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.7869600057601929, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20581042054259666, 1, 0.0, 0},
-    {1, 4096, 4096, 0.22563199698925018, 0.0, 8.317766166719343, 8.317766166719343, 0.12287652988378803, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2107519954442978, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.01710468898834051, 1, 0.0, 0},
-    {64, 4096, 8192, 0.419871985912323, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04275192336004129, 1, 0.0, 0},
-    {128, 8192, 8192, 0.4219520092010498, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.049690153140218324, 1, 0.0, 0},
-    {8192, 128, 8192, 0.46350400149822235, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.044233279753298535, 1, 0.0, 0},
-    {4096, 32, 4096, 0.20904000103473663, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.040473557421359274, 1, 0.0, 0},
-    {80, 8192, 4096, 0.20457600057125092, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.06109813417973634, 1, 0.0, 0},
-    {1, 11008, 4096, 0.40299201011657715, 0.0, 9.306377560173125, 8.317766166719343, 0.013965884091427063, 1, 0.0, 0},
-    {8, 11008, 4096, 0.3922240138053894, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.016915016151000724, 1, 0.0, 0},
-    {16, 4096, 4096, 0.21804800629615784, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08266318217265774, 1, 0.0, 0},
-    {4, 14336, 4096, 0.3973439931869507, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.012871116101005997, 1, 0.0, 0},
-    {4096, 16, 4096, 0.20838400721549988, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.040538386484442246, 1, 0.0, 0},
-    {12, 5632, 2048, 0.10521599650382996, 2.4849066497880004, 8.636219897837877, 7.6246189861593985, 0.0038210905953157724, 1, 0.0, 0},
-    {10, 9216, 3072, 0.3240959942340851, 2.302585092994046, 9.128696382935672, 8.030084094267563, 0.0782702896574328, 1, 0.0, 0},
-    {6, 8192, 4096, 0.2019840031862259, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.017600229663215273, 1, 0.0, 0},
-    {12, 4096, 8192, 0.3988800048828125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.01245785369446205, 1, 0.0, 0},
-    {5, 4096, 4096, 0.2197760045528412, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09497030332849958, 1, 0.0, 0},
-    {3, 4096, 11008, 0.5852960050106049, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.10864489649433297, 1, 0.0, 0},
-    {4096, 4096, 512, 0.47545599937438965, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.01576671259143732, 1, 0.0, 0},
-    {5120, 7168, 1024, 2.014799952507019, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.0461337980139886, 1, 0.0, 0},
-    {8192, 8192, 256, 0.9607200026512146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.009435265683849583, 1, 0.0, 0},
-    {2048, 2048, 128, 0.03868800029158592, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.010838228680872412, 1, 0.0, 0},
-    {16384, 4096, 64, 0.326447993516922, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.008121203144088072, 1, 0.0, 0},
-    {256, 256, 32768, 1.6740480065345764, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09548415576948645, 1, 0.0, 0},
-    {512, 512, 16384, 0.8447359800338745, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.07028691114439117, 1, 0.0, 0},
-    {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.091070473418851, 1, 0.0, 0},
-    {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.09597137823066881, 1, 0.0, 0},
-    {384, 384, 24576, 1.4749760031700134, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.24247241022369453, 1, 0.0, 0},
-    {1280, 1920, 16384, 2.399616003036499, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.06015520104152363, 1, 0.0, 0},
-    {1024, 1024, 49152, 2.853983998298645, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.08320435078393928, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1918719932436943, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09731004572706264, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.193888008594513, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02471877299519288, 1, 0.0, 0},
-    {4096, 11008, 4096, 9.481344223022461, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022305805167676003, 1, 0.0, 0},
-    {1024, 14336, 4096, 3.042191982269287, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.013636532682370769, 1, 0.0, 0},
-    {512, 512, 512, 0.4453760087490082, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0495887407556135, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.29820799827575684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07754232978689193, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.0432640016078949, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1009532069351171, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.18350400030612946, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.09529741192579508, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11670400202274323, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.03582051176356369, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.5162879824638367, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.04367124607570147, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 4.771375894546509, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3033758703965861, 1, 0.0, 1},
+    {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.008543234137063059, 1, 0.0, 0},
+    {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.008588546708812733, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.008454417272467724, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.4678080081939697, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.04248645374890556, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.590672016143799, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.018956937834453094, 1, 0.0, 0},
+    {8192, 8192, 8192, 25.99796772003174, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06234684653917959, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.7869600057601929, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20618229580554392, 1, 0.0, 0},
+    {1, 4096, 4096, 0.22563199698925018, 0.0, 8.317766166719343, 8.317766166719343, 0.12825515329242926, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2107519954442978, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.020681772881514657, 1, 0.0, 0},
+    {64, 4096, 8192, 0.419871985912323, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04716668559909128, 1, 0.0, 0},
+    {128, 8192, 8192, 0.4219520092010498, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04971203179824845, 1, 0.0, 0},
+    {8192, 128, 8192, 0.46350400149822235, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.04421140109526858, 1, 0.0, 0},
+    {4096, 32, 4096, 0.20904000103473663, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04555839545306757, 1, 0.0, 0},
+    {80, 8192, 4096, 0.20457600057125092, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.05974386401708338, 1, 0.0, 0},
+    {1, 11008, 4096, 0.40299201011657715, 0.0, 9.306377560173125, 8.317766166719343, 0.019170418838650165, 1, 0.0, 0},
+    {8, 11008, 4096, 0.3922240138053894, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.011895219766449883, 1, 0.0, 0},
+    {16, 4096, 4096, 0.21804800629615784, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08774802020436603, 1, 0.0, 0},
+    {4, 14336, 4096, 0.3973439931869507, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.008282651469208964, 1, 0.0, 0},
+    {4096, 16, 4096, 0.20838400721549988, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.04577945879818784, 1, 0.0, 0},
+    {6, 8192, 4096, 0.2019840031862259, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.01365525884262979, 1, 0.0, 0},
+    {12, 4096, 8192, 0.3988800048828125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.017889832942304288, 1, 0.0, 0},
+    {5, 4096, 4096, 0.2197760045528412, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.1002702289763146, 1, 0.0, 0},
+    {3, 4096, 11008, 0.5852960050106049, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.11432891823347116, 1, 0.0, 0},
+    {4096, 4096, 512, 0.47545599937438965, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.015995986409369542, 1, 0.0, 0},
+    {5120, 7168, 1024, 2.014799952507019, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04619053394341937, 1, 0.0, 0},
+    {8192, 8192, 256, 0.9607200026512146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.008972557276709356, 1, 0.0, 0},
+    {2048, 2048, 128, 0.03868800029158592, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.011929857792798907, 1, 0.0, 0},
+    {16384, 4096, 64, 0.326447993516922, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.00942664402018799, 1, 0.0, 0},
+    {256, 256, 32768, 1.6740480065345764, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.10220604243191501, 1, 0.0, 0},
+    {512, 512, 16384, 0.8447359800338745, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.07545597828214794, 1, 0.0, 0},
+    {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09732409338915513, 1, 0.0, 0},
+    {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.10322577868272562, 1, 0.0, 0},
+    {384, 384, 24576, 1.4749760031700134, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.24854005239264446, 1, 0.0, 0},
+    {1280, 1920, 16384, 2.399616003036499, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.058657146708399194, 1, 0.0, 0},
+    {1024, 1024, 49152, 2.853983998298645, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.08331523032204766, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1918719932436943, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09753255900503573, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.193888008594513, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.024576907070152247, 1, 0.0, 0},
+    {4096, 11008, 4096, 9.481344223022461, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.02232491390089271, 1, 0.0, 0},
+    {1024, 14336, 4096, 3.042191982269287, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.013489718153015452, 1, 0.0, 0},
+    {512, 512, 512, 0.4453760087490082, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04935946693768124, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.29820799827575684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07827458911597446, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.0432640016078949, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.09986157782319056, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.18350400030612946, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.09641871510328669, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11670400202274323, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.03608034739239884, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.5162879824638367, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.04414095081303457, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 4.771375894546509, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.30353775769259256, 1, 0.0, 1},
 };
 static const Point fp32_19_unaligned[] = {
     {2047, 2047, 2047, 0.5801920294761658, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.010630563894792408, 1, 0.0, 0},
@@ -19792,121 +19752,121 @@ static const Point fp32_19_unaligned[] = {
 
 static const Member members[20] = {
     {128, 128, 32, 1, 1, true, true,
-     {fp32_0_aligned, 48, {0.008789976001462483, 0.0011285172796804948, 0.0015704461843879661, 0.032625008285298684, 5.4514695686724846}, 1.0499607041589676},
+     {fp32_0_aligned, 46, {0.008320897246690415, 0.0011051747884884477, 0.0015891719093615079, 0.03871146351078615, 5.635067133225762}, 1.0488861209699578},
      {fp32_0_unaligned, 12, {0.0, 0.0008438488175255544, 0.01974334715846944, 0.2748619569868375, 0.0}, 1.0}
      , true
      , false, 0
     },
     {16, 16, 512, 1, 2, true, false,
-     {fp32_1_aligned, 13, {0.013967959882927207, 0.0, 0.005920856456348143, 0.23951748587928004, 0.1984927248297714}, 1.0},
+     {fp32_1_aligned, 11, {0.014223978897482866, 0.0, 0.002882094636894071, 0.2632328821046729, 0.0}, 1.0},
      {fp32_1_unaligned, 6, {0.002131799011993186, 0.004401828108264193, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {fp32_2_aligned, 48, {0.00728117653406601, 0.0008868480821894203, 0.0019144995044598633, 0.04448600214787013, 0.0}, 1.0479349917615113},
+     {fp32_2_aligned, 46, {0.007304106954886417, 0.0008764688623786941, 0.001909602380760671, 0.04715433130031626, 0.0}, 1.0468441796111183},
      {fp32_2_unaligned, 12, {0.0, 0.0007519084736438256, 0.005339806883176314, 0.3028896911451134, 0.0}, 1.0}
      , false
      , false, 0
     },
     {16, 32, 512, 1, 1, true, false,
-     {fp32_3_aligned, 13, {0.013886768994425898, 0.0015297088550353473, 0.00024009305214742405, 0.0, 18.08897225849759}, 1.0},
-     {fp32_3_unaligned, 6, {0.007863133472327652, 0.00484282998480388, 0.0, 0.0, 0.0}, 1.0}
+     {fp32_3_aligned, 11, {0.011913222284266401, 0.0032616716126376176, 0.002555218931228586, 0.0, 0.0}, 1.0},
+     {fp32_3_unaligned, 6, {0.007717514430147433, 0.004861236030465197, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 3
     },
     {64, 64, 32, 2, 1, true, true,
-     {fp32_4_aligned, 48, {0.00681504220069041, 0.0005343939817660034, 0.0015751761065084483, 0.0, 0.0}, 1.003802046091932},
+     {fp32_4_aligned, 46, {0.006890260639350095, 0.0005333338408054773, 0.0014773853348998237, 0.0, 0.0}, 1.0028147675288785},
      {fp32_4_unaligned, 12, {0.014544159086365246, 0.0004822068075956168, 0.002862660724195506, 0.02368686042199667, 0.0}, 1.0}
      , false
      , false, 0
     },
     {64, 64, 32, 128, 1, true, true,
-     {fp32_5_aligned, 48, {0.029713976552962342, 0.0, 0.0020255463309220402, 0.19760785597034583, 2.6901171146651266}, 1.3392724158743141},
+     {fp32_5_aligned, 46, {0.029745574092615846, 0.0, 0.0020463491205365896, 0.1968985340092801, 2.437724885861335}, 1.3371587814084587},
      {fp32_5_unaligned, 12, {0.02708521217936342, 0.0, 0.00122352159519581, 0.16433964151675295, 46.55674618325524}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 2, 1, true, true,
-     {fp32_6_aligned, 48, {0.005656606602267716, 0.0009475330824056695, 0.005584751727198077, 0.047324385679868596, 0.11609336796493441}, 1.0083589500260812},
+     {fp32_6_aligned, 46, {0.0056374974530358874, 0.0009424668587374563, 0.005463654185265734, 0.048557931401224205, 0.13139420987003925}, 1.008058177710947},
      {fp32_6_unaligned, 12, {0.00862539603386315, 0.0006044202374098283, 0.0, 0.33448694958326064, 1.8547475657245724}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 32, 1, true, true,
-     {fp32_7_aligned, 48, {0.012979820202922815, 0.0008483217028264262, 0.002841502431634816, 0.0717537467734328, 7.5940987359606815}, 1.2634231310738104},
+     {fp32_7_aligned, 46, {0.012952668727441646, 0.0008871027523066287, 0.0026642502519503633, 0.06271455983888298, 7.900501216438651}, 1.2634066099319348},
      {fp32_7_unaligned, 12, {0.035865817719274516, 0.0, 0.0005533775002549561, 0.4711900343098407, 21.00826731901023}, 1.0}
      , false
      , false, 0
     },
     {128, 64, 32, 1, 1, true, true,
-     {fp32_8_aligned, 48, {0.005229184315852756, 0.0007108782533987449, 0.0008475174756864067, 0.004504950338148519, 0.0}, 1.0330955131160595},
+     {fp32_8_aligned, 46, {0.005289576692250247, 0.0007020324234674841, 0.0008443955426668641, 0.0073223661339314764, 0.0}, 1.0328302116782042},
      {fp32_8_unaligned, 12, {0.010379067356963721, 0.000416463655274827, 0.008694382544070862, 0.1691338603496338, 0.0}, 1.0}
      , false
      , false, 0
     },
     {16, 4, 512, 1, 2, true, false,
-     {fp32_9_aligned, 13, {0.02158879036676916, 0.000407258309772693, 0.0, 0.0, 42.390990365168044}, 1.0},
+     {fp32_9_aligned, 11, {0.02110065457674673, 0.00042395155086630585, 0.0, 0.0, 39.682135251530354}, 1.0},
      {fp32_9_unaligned, 6, {0.0, 0.001135459813786366, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 0
     },
     {128, 128, 32, 8, 1, true, true,
-     {fp32_10_aligned, 48, {0.010885606914457058, 0.0008323258521789561, 0.004410345578562759, 0.06653629539690603, 1.6207868799640637}, 1.0422980711362428},
+     {fp32_10_aligned, 46, {0.01081151016797724, 0.000825058538675388, 0.004586045650349347, 0.0681600934837039, 1.5452754458653992}, 1.042253604578836},
      {fp32_10_unaligned, 12, {0.017114832375437098, 0.0, 0.005222686781022635, 0.4181355735332627, 3.322292918054278}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {fp32_11_aligned, 48, {0.006836135112874804, 0.0009520067512376165, 0.0014869398541894363, 0.04812944948113611, 0.0}, 1.0291587911206497},
+     {fp32_11_aligned, 46, {0.006862545337777021, 0.0009403807392526196, 0.001482457810622944, 0.05107803322025232, 0.0}, 1.0281270562711344},
      {fp32_11_unaligned, 12, {0.0, 0.0007610062203357834, 0.0043293271079934146, 0.30636034922915, 0.0}, 1.0}
      , false
      , false, 0
     },
-    {64, 64, 32, 1, 1, true, true,
-     {fp32_12_aligned, 48, {0.0052345435990363495, 0.0006553434734391478, 0.0013485694038820933, 0.0, 0.0}, 1.0259142331055193},
-     {fp32_12_unaligned, 12, {0.009209353830162206, 0.000649197781826856, 0.0005415330513159362, 0.01179009485676257, 0.0}, 1.0}
-     , false
-     , false, 0
-    },
     {16, 16, 512, 1, 2, true, false,
-     {fp32_13_aligned, 13, {0.015303951149098391, 0.0, 0.00011660791807508734, 0.073904848449632, 46.882617026806955}, 1.0},
-     {fp32_13_unaligned, 6, {0.008357073466892868, 0.004514905402776286, 0.0, 0.0, 0.0}, 1.0}
+     {fp32_12_aligned, 11, {0.012731208464527034, 0.0025000322182908113, 0.0019054591178930549, 0.06416735882845075, 0.0}, 1.0},
+     {fp32_12_unaligned, 6, {0.008357073466892868, 0.004514905402776286, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 3
     },
+    {64, 64, 32, 1, 1, true, true,
+     {fp32_13_aligned, 46, {0.005155543503648947, 0.0006508005702195528, 0.0013833258956654825, 0.0, 0.0}, 1.027188862234954},
+     {fp32_13_unaligned, 12, {0.009209353830162206, 0.000649197781826856, 0.0005415330513159362, 0.01179009485676257, 0.0}, 1.0}
+     , false
+     , false, 0
+    },
     {16, 16, 512, 1, 3, true, false,
-     {fp32_14_aligned, 13, {0.007363017706713059, 0.001311442756947398, 0.013028755935187878, 0.08792587036643817, 6.395433605205568}, 1.0},
+     {fp32_14_aligned, 11, {0.009424945214861969, 0.0012766732098952436, 0.009031073258594096, 0.1240129503375374, 2.4763256347732656}, 1.0},
      {fp32_14_unaligned, 6, {0.0, 0.0052565501452301435, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 0
     },
     {64, 128, 32, 4, 1, true, true,
-     {fp32_15_aligned, 48, {0.00910187457356009, 0.0007590795648423943, 0.0033442848322273845, 0.0, 0.0}, 1.0145363300576884},
+     {fp32_15_aligned, 46, {0.009139498121039017, 0.000758717707131713, 0.003236786006762713, 0.0, 0.0}, 1.0136544696769823},
      {fp32_15_unaligned, 12, {0.01823647504669654, 0.000581922634707851, 0.0047369520293253226, 0.15046431379491293, 0.0}, 1.0}
      , false
      , false, 0
     },
     {128, 64, 32, 4, 1, true, true,
-     {fp32_16_aligned, 48, {0.006766148155294771, 0.0007470042148559459, 0.0033436416518585585, 0.0, 0.0}, 1.009479245875},
+     {fp32_16_aligned, 46, {0.006849644954975702, 0.000746563852960163, 0.0032362496189978027, 0.0, 0.0}, 1.0089035573315657},
      {fp32_16_unaligned, 12, {0.01867900967139297, 0.00035608886139866736, 0.0, 0.1930820710699582, 2.849818768036163}, 1.0}
      , false
      , false, 0
     },
     {64, 64, 32, 4, 1, true, true,
-     {fp32_17_aligned, 48, {0.005450161687130541, 0.0005186304090296283, 0.0031912445556987394, 0.0, 0.0}, 1.0},
+     {fp32_17_aligned, 46, {0.005670180701986979, 0.0005190108791631572, 0.0029415102596711206, 0.0, 0.0}, 1.0},
      {fp32_17_unaligned, 12, {0.018332779368170484, 0.0005099308250532366, 0.002149689823446532, 0.0, 0.38448248062047957}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 16, 1, true, true,
-     {fp32_18_aligned, 48, {0.01356099886323534, 0.0008052062843004808, 0.0032394192891814495, 0.07580857506213189, 3.685218692804416}, 1.108365098906949},
+     {fp32_18_aligned, 46, {0.013851068467662929, 0.000809257637306926, 0.003097091704473451, 0.0745153466791627, 3.8138555790045343}, 1.1085707722676492},
      {fp32_18_unaligned, 12, {0.02432308332527225, 0.00011794554975041575, 0.0008799015980270304, 0.4402067536802618, 8.632507564554734}, 1.0}
      , false
      , false, 0
     },
     {128, 64, 32, 1, 1, true, false,
-     {fp32_19_aligned, 48, {0.005274094660183538, 0.0014641155026764588, 0.001637991975191528, 0.07664520738931342, 0.0}, 1.2988795118876681},
+     {fp32_19_aligned, 46, {0.005351770477664094, 0.0014534399433389802, 0.0016301923597155771, 0.07996415438818104, 0.0}, 1.2985026148866166},
      {fp32_19_unaligned, 12, {0.0, 0.001756994715878943, 0.013644883322922458, 0.08661902371499434, 0.0}, 1.0}
      , false
      , false, 0
