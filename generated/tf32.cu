@@ -3445,6 +3445,27 @@ __device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps
     }
 }
 
+// Sums of NB blocks of 8 rows (s, and the small products' ss) set to zero, and a batch's added into them.
+template <int NB>
+__device__ __forceinline__ void zero_sums(float (&s)[NB][4], float (&ss)[NB][4]) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[n][i] = ss[n][i] = 0.0f;
+}
+
+template <int NB>
+__device__ __forceinline__ void add_sums(float (&s)[NB][4], float (&ss)[NB][4], const float (&p)[NB][4],
+        const float (&ps)[NB][4]) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            s[n][i] += p[n][i];
+            ss[n][i] += ps[n][i];
+        }
+}
+
 // C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
 // 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
 // chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
@@ -3471,10 +3492,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
     const int full = K / CHUNK;  // chunks wholly inside K
     constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
     float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) c[n][i] = cs[n][i] = 0.0f;
+    zero_sums(c, cs);
 
     float b0[U][2][8], b1[U][2][8];
     load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
@@ -3485,41 +3503,23 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
         // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
         // the FP32 sums long: 3xtf32's error grew along K.)
         float p[NB][4], ps[NB][4];
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        zero_sums(p, ps);
         load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
         multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
         load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
         multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[n][i] += p[n][i];
-                cs[n][i] += ps[n][i];
-            }
+        add_sums(c, cs, p, ps);
     }
     if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
         const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
         float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        zero_sums(p, ps);
         load_tail(w, column + full * CHUNK, live ? left : 0);
         load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
         load_tail(r, row + full * CHUNK, live_row ? left : 0);
         load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
         multiply_chunk<R>(p, ps, w, w8, r, r8);
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[n][i] += p[n][i];
-                cs[n][i] += ps[n][i];
-            }
+        add_sums(c, cs, p, ps);
     }
 
     // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
@@ -13226,6 +13226,27 @@ __device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps
     }
 }
 
+// Sums of NB blocks of 8 rows (s, and the small products' ss) set to zero, and a batch's added into them.
+template <int NB>
+__device__ __forceinline__ void zero_sums(float (&s)[NB][4], float (&ss)[NB][4]) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[n][i] = ss[n][i] = 0.0f;
+}
+
+template <int NB>
+__device__ __forceinline__ void add_sums(float (&s)[NB][4], float (&ss)[NB][4], const float (&p)[NB][4],
+        const float (&ps)[NB][4]) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            s[n][i] += p[n][i];
+            ss[n][i] += ps[n][i];
+        }
+}
+
 // C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
 // 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
 // chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
@@ -13252,10 +13273,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
     const int full = K / CHUNK;  // chunks wholly inside K
     constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
     float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) c[n][i] = cs[n][i] = 0.0f;
+    zero_sums(c, cs);
 
     float b0[U][2][8], b1[U][2][8];
     load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
@@ -13266,41 +13284,23 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
         // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
         // the FP32 sums long: 3xtf32's error grew along K.)
         float p[NB][4], ps[NB][4];
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        zero_sums(p, ps);
         load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
         multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
         load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
         multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[n][i] += p[n][i];
-                cs[n][i] += ps[n][i];
-            }
+        add_sums(c, cs, p, ps);
     }
     if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
         const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
         float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        zero_sums(p, ps);
         load_tail(w, column + full * CHUNK, live ? left : 0);
         load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
         load_tail(r, row + full * CHUNK, live_row ? left : 0);
         load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
         multiply_chunk<R>(p, ps, w, w8, r, r8);
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[n][i] += p[n][i];
-                cs[n][i] += ps[n][i];
-            }
+        add_sums(c, cs, p, ps);
     }
 
     // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
@@ -16647,6 +16647,27 @@ __device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps
     }
 }
 
+// Sums of NB blocks of 8 rows (s, and the small products' ss) set to zero, and a batch's added into them.
+template <int NB>
+__device__ __forceinline__ void zero_sums(float (&s)[NB][4], float (&ss)[NB][4]) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[n][i] = ss[n][i] = 0.0f;
+}
+
+template <int NB>
+__device__ __forceinline__ void add_sums(float (&s)[NB][4], float (&ss)[NB][4], const float (&p)[NB][4],
+        const float (&ps)[NB][4]) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            s[n][i] += p[n][i];
+            ss[n][i] += ps[n][i];
+        }
+}
+
 // C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
 // 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
 // chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
@@ -16673,10 +16694,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
     const int full = K / CHUNK;  // chunks wholly inside K
     constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
     float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) c[n][i] = cs[n][i] = 0.0f;
+    zero_sums(c, cs);
 
     float b0[U][2][8], b1[U][2][8];
     load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
@@ -16687,41 +16705,23 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
         // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
         // the FP32 sums long: 3xtf32's error grew along K.)
         float p[NB][4], ps[NB][4];
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        zero_sums(p, ps);
         load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
         multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
         load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
         multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[n][i] += p[n][i];
-                cs[n][i] += ps[n][i];
-            }
+        add_sums(c, cs, p, ps);
     }
     if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
         const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
         float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        zero_sums(p, ps);
         load_tail(w, column + full * CHUNK, live ? left : 0);
         load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
         load_tail(r, row + full * CHUNK, live_row ? left : 0);
         load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
         multiply_chunk<R>(p, ps, w, w8, r, r8);
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[n][i] += p[n][i];
-                cs[n][i] += ps[n][i];
-            }
+        add_sums(c, cs, p, ps);
     }
 
     // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
