@@ -403,8 +403,13 @@ def decode_call(candidates: list[Candidate], M: int, N: int, cls: str) -> bool:
     Where M is the small one the tile members were tuned at many such calls, and a split-K tile beat
     every decode member by 19% at 10x9216x3072 (tf32): the models choose there. Unaligned rows are left
     to every member (the decode kernel's scalar loads lost 16% to a tile at 13x5000x3001)."""
-    return (model_class(cls) == "aligned" and N <= DECODE_ROWS and M > N
-            and any(c.shape.decode and c.models.get("aligned") for c in candidates))
+    return few_columns(M, N, cls) and any(c.shape.decode and c.models.get("aligned") for c in candidates)
+
+
+def few_columns(M: int, N: int, cls: str) -> bool:
+    """The calls decode_call leaves to the decode members where a library has one: rows 16-byte aligned
+    (the aligned models' classes), N at most DECODE_ROWS and below M."""
+    return model_class(cls) == "aligned" and N <= DECODE_ROWS and M > N
 
 
 def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,
