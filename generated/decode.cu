@@ -15,7 +15,7 @@
 //   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
 //   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
 //   columns per warp         2, 4 step(s) of 2 vector loads in flight per lane (8 float4s)
-//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
+//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows); unaligned, K tile = 7680 / rows, with the 4 floats before it (which a column read from the 16-byte boundary before it reaches back to) and a float of padding per 32 (no bank conflicts)
 //   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
 //   threads per block        256 (8 warps: 8 column group(s) of 1 warp(s), each a slice of K) = 16 columns
 //   K slices' sums           none (one warp per column group)
@@ -47,6 +47,10 @@ constexpr int BLOCK_COLS = 16;  // columns per block = COLUMNS * GROUPS
 constexpr int THREADS = 256;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+// Unaligned, K tile = UNALIGNED_TILE_FLOATS / rows, each row's tile with TILE_HALO floats before it and
+// a float of padding per 32 (padded()): still within TILE_FLOATS.
+constexpr int UNALIGNED_TILE_FLOATS = 7680;
+constexpr int TILE_HALO = 4;
 constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
 constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
@@ -126,60 +130,98 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
 }
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
 
-// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+// 4 consecutive floats from 16-byte aligned memory into registers, or zeros.
+__device__ __forceinline__ void load_vec(float (&regs)[4], const float* src) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+}
+
+__device__ __forceinline__ void fill_zero(float (&regs)[4]) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) regs[v] = 0.0f;
+}
+
+// Where an unaligned row's float i of its tile lies: a float of padding after every 32, so that the
+// lanes' reads, 4 floats apart, fall in 32 banks (unpadded, 4 lanes shared each bank).
+__device__ __forceinline__ int padded(int i) {
+    return i + (i >> 5);
+}
+
+// 4 consecutive floats from float `at` of a row's tile in shared memory: one 16-byte load where the
+// call is aligned, else four (a column's shift puts them anywhere), padded.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_row(float (&regs)[4], const float* row, int at) {
+    if constexpr (ALIGNED) {
+        load_vec(regs, row + at);
     } else {
-        regs[0] = *src;
+#pragma unroll
+        for (int v = 0; v < 4; ++v) regs[v] = row[padded(at + v)];
     }
 }
 
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
-// past the tile's `vectors` and for columns past the edge), all issued before any is used.
-template <int V, int U>
-__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
-        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+// One step of a lane: U x COLUMNS float4s of the big operand, STEP apart from q0, all issued before
+// any is used; zeros for columns past the edge, and past the tile's `vectors` (aligned) or outside the
+// float4s [lo, hi) wholly inside each column (unaligned; lo and hi per shift).
+template <int U, bool ALIGNED, int SHIFTS>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][4], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], const int (&lo)[SHIFTS], const int (&hi)[SHIFTS], int k0, int q0,
+        int vectors) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int c = 0; c < COLUMNS; ++c) {
             const int q = q0 + u * STEP;
-            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
-            else fill_zero<V>(b[u][c]);
+            const int n = SHIFTS == 1 ? 0 : c;
+            const bool in = (ALIGNED ? q < vectors : q >= lo[n] && q < hi[n]) && live[c];
+            if (in) load_vec(b[u][c], column[c] + k0 + q * 4);
+            else fill_zero(b[u][c]);
         }
 }
 
 // C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
-// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
-// starts 16-byte aligned. C is read only where beta != 0.
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). The big operand is read in float4s from
+// 16-byte aligned addresses either way. Aligned (every row starts 16-byte aligned), a column's float4 q
+// holds its k = 4q .. 4q + 3. Unaligned, a column whose start lies `shift` floats past a 16-byte
+// boundary is read from that boundary: its float4 q holds k = 4q - shift .. 4q - shift + 3, and is
+// multiplied by the rows read `shift` floats back in the shared tile (which holds the 4 floats before
+// it too). Its up to 3 floats before the first whole float4 and after the last are multiplied after
+// the K loop, one by each of 6 lanes. C is read only where beta != 0.
 template <int R, bool ALIGNED>
 __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
 {
-    constexpr int V = ALIGNED ? 4 : 1;
-    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
-    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
+    constexpr int V = 4;  // floats per load of the big operand
+    // steps issued together (unaligned at 16 rows half as many: ptxas spilled the 2-column point there)
+    constexpr int U = ALIGNED || R < 16 || UNROLL == 1 ? UNROLL : UNROLL / 2;
+    constexpr int KT = (ALIGNED ? TILE_FLOATS : UNALIGNED_TILE_FLOATS) / R;  // K per shared tile (a multiple of 4)
+    constexpr int HALO = ALIGNED ? 0 : TILE_HALO;  // unaligned: the floats before the tile's first k too
+    constexpr int KS = KT + HALO;  // floats of a row's tile
+    constexpr int ROW = ALIGNED ? KT : KS + KS / 32;  // shared floats per row (unaligned: padded)
+    static_assert(R * ROW <= TILE_FLOATS, "the rows' tiles fit the shared array");
+    // Unaligned, a warp's columns are every GROUPS-th of the block's from its group's: where GROUPS is a
+    // multiple of 4 they share their shift (whatever the leading dimension), and a row's float4 is read
+    // once for all of them; else once per column.
+    constexpr bool ONE_SHIFT = ALIGNED || COLUMNS == 1 || GROUPS % 4 == 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp % GROUPS, slice = warp / GROUPS;
-    const int j0 = col0 + group * COLUMNS;  // the warp's first column
 
+    constexpr int SHIFTS = ONE_SHIFT ? 1 : COLUMNS;  // column c's shift is shift[ONE_SHIFT ? 0 : c]
+    int j[COLUMNS], shift[SHIFTS], first[SHIFTS], end[SHIFTS];  // first, end: the float4s wholly inside K
     const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
     bool live[COLUMNS];
 #pragma unroll
     for (int c = 0; c < COLUMNS; ++c) {
-        live[c] = j0 + c < cols;
-        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
+        j[c] = ALIGNED ? col0 + group * COLUMNS + c : col0 + group + GROUPS * c;
+        live[c] = j[c] < cols;
+        const float* start = G + (live[c] ? (long long)j[c] * ldg : 0);
+        const int n = ONE_SHIFT ? 0 : c;
+        if (c == n) {
+            shift[n] = ALIGNED ? 0 : (int)(reinterpret_cast<unsigned long long>(start) / 4 % 4);
+            first[n] = shift[n] > 0;
+            end[n] = (K + shift[n]) / V;
+        }
+        column[c] = start - shift[n];
     }
     // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
     // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
@@ -196,20 +238,38 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
 
     for (int k0 = 0; k0 < K; k0 += KT) {
-        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
+        // float4s of this tile: aligned, K is a multiple of 4; unaligned, those starting before K
+        const int vectors = (ALIGNED ? min(KT, K - k0) : min(KT, K - k0 + V - 1)) / V;
         __syncthreads();  // every warp is done with the last tile
-        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
-        // one wait, in place of a load and a store per vector, one L2 round trip after another.
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`, and
+        // unaligned before k 0 and from K on), then one wait, in place of a load and a store per
+        // vector, one L2 round trip after another.
+        if constexpr (ALIGNED) {
+            for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+                const int r = i / vectors, k = i % vectors * V;
+                cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+            }
+        } else {
+#pragma unroll 1
+            for (int r = 0; r < rows; ++r)  // a row at a time: no division, nothing per row kept over the passes
+                for (int i = threadIdx.x; i < KS; i += THREADS) {  // (rows past `rows`: never stored)
+                    const int k = k0 + i - HALO;
+                    const bool in = k >= 0 && k < K;
+                    cp_async<4>(s_rows + r * ROW + padded(i), in ? S + r * lds + k : S, in);
+                }
         }
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
+        int lo[SHIFTS], hi[SHIFTS];  // unaligned: the tile's float4s wholly inside each column (shift)
+#pragma unroll
+        for (int n = 0; n < SHIFTS; ++n) {
+            lo[n] = first[n] - k0 / V;
+            hi[n] = min(end[n] - k0 / V, vectors);
+        }
         for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
             float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
-            load_step<V, U>(b, column, live, k0, q0, vectors);
+            load_step<U, ALIGNED, SHIFTS>(b, column, live, lo, hi, k0, q0, vectors);
 #pragma unroll
             for (int u0 = 0; u0 < U; u0 += SPAN)
 #pragma unroll
@@ -220,10 +280,13 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
 #pragma unroll
                 for (int u = u0; u < u0 + SPAN; ++u) {
                     const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
-                    float a[V];  // one vector of row r, reused over the warp's columns
-                    load_vec<V>(a, s_rows + r * KT + q * V);
+                    const float* row = s_rows + r * ROW;
+                    const int at = HALO + q * V;  // its float4 q in the tile
+                    float a[V];  // one float4 of row r (shifted as the column), reused over the warp's columns
+                    if constexpr (ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[0]);
 #pragma unroll
                     for (int c = 0; c < COLUMNS; ++c) {
+                        if constexpr (!ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[ONE_SHIFT ? 0 : c]);
                         float& sum = BLOCKED ? part[c] : acc[r][c];
 #pragma unroll
                         for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
@@ -233,6 +296,21 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
 #pragma unroll
                     for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
                 }
+            }
+        }
+    }
+    if constexpr (!ALIGNED) {  // each column's floats before its first whole float4 ([0, head)) and after its last ([tail, K))
+        if (slice == 0 && lane < 6) {
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c) {
+                const int n = ONE_SHIFT ? 0 : c;
+                const int head = min(K, V * first[n] - shift[n]), tail = max(head, V * end[n] - shift[n]);
+                const int k = lane < 3 ? lane : tail + lane - 3;
+                if (!live[c] || k >= (lane < 3 ? head : K)) continue;
+                const float g = column[c][shift[n] + k];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < rows) acc[r][c] = fmaf(S[r * lds + k], g, acc[r][c]);
             }
         }
     }
@@ -265,7 +343,7 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
             float sum = sums[r][c];
             for (int s = 1; s < SLICES; ++s)
                 sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
-            float* out = C + r * c_row + (j0 + c) * c_col;
+            float* out = C + r * c_row + j[c] * c_col;
             *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
         }
     __syncthreads();  // s_part is free for the next pass

@@ -22,10 +22,10 @@
 //   tf32_8   block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
 //   tf32_9   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 split=8-workspace  (sm_90a, from lib_tf32_skinny_workspace)
 //   tf32_10  block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
-//   tf32_11  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
-//   tf32_12  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3-workspace  (sm_90a, from lib_tf32_split_workspace)
-//   tf32_13  block=128x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_tf32_split_workspace)
-//   tf32_14  decode=1x8x2  (sm_90, from lib_tf32_decode)
+//   tf32_11  decode=1x4x2  (sm_90, from lib_tf32_decode)
+//   tf32_12  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
+//   tf32_13  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3-workspace  (sm_90a, from lib_tf32_split_workspace)
+//   tf32_14  block=128x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_tf32_split_workspace)
 //   tf32_15  block=128x240x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_wide)
 //   tf32_16  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
 //   tf32_17  block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=8-workspace  (sm_90a, from lib_tf32_skinny_workspace)
@@ -37,7 +37,7 @@
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.003, worst 1.349.
+// over the best there: median 1.002, worst 1.349.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
 // compute capability 9.0; elsewhere tf32_20 runs.
 //
@@ -3114,6 +3114,10 @@ constexpr int BLOCK_COLS = 16;  // columns per block = COLUMNS * GROUPS
 constexpr int THREADS = 256;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+// Unaligned, K tile = UNALIGNED_TILE_FLOATS / rows, each row's tile with TILE_HALO floats before it and
+// a float of padding per 32 (padded()): still within TILE_FLOATS.
+constexpr int UNALIGNED_TILE_FLOATS = 7680;
+constexpr int TILE_HALO = 4;
 constexpr int PART_FLOATS = 1792;  // shared partial sums of slices 1 .. SLICES - 1
 constexpr int UNROLL = 2;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
@@ -3193,60 +3197,98 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
 }
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
 
-// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+// 4 consecutive floats from 16-byte aligned memory into registers, or zeros.
+__device__ __forceinline__ void load_vec(float (&regs)[4], const float* src) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+}
+
+__device__ __forceinline__ void fill_zero(float (&regs)[4]) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) regs[v] = 0.0f;
+}
+
+// Where an unaligned row's float i of its tile lies: a float of padding after every 32, so that the
+// lanes' reads, 4 floats apart, fall in 32 banks (unpadded, 4 lanes shared each bank).
+__device__ __forceinline__ int padded(int i) {
+    return i + (i >> 5);
+}
+
+// 4 consecutive floats from float `at` of a row's tile in shared memory: one 16-byte load where the
+// call is aligned, else four (a column's shift puts them anywhere), padded.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_row(float (&regs)[4], const float* row, int at) {
+    if constexpr (ALIGNED) {
+        load_vec(regs, row + at);
     } else {
-        regs[0] = *src;
+#pragma unroll
+        for (int v = 0; v < 4; ++v) regs[v] = row[padded(at + v)];
     }
 }
 
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
-// past the tile's `vectors` and for columns past the edge), all issued before any is used.
-template <int V, int U>
-__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
-        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+// One step of a lane: U x COLUMNS float4s of the big operand, STEP apart from q0, all issued before
+// any is used; zeros for columns past the edge, and past the tile's `vectors` (aligned) or outside the
+// float4s [lo, hi) wholly inside each column (unaligned; lo and hi per shift).
+template <int U, bool ALIGNED, int SHIFTS>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][4], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], const int (&lo)[SHIFTS], const int (&hi)[SHIFTS], int k0, int q0,
+        int vectors) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int c = 0; c < COLUMNS; ++c) {
             const int q = q0 + u * STEP;
-            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
-            else fill_zero<V>(b[u][c]);
+            const int n = SHIFTS == 1 ? 0 : c;
+            const bool in = (ALIGNED ? q < vectors : q >= lo[n] && q < hi[n]) && live[c];
+            if (in) load_vec(b[u][c], column[c] + k0 + q * 4);
+            else fill_zero(b[u][c]);
         }
 }
 
 // C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
-// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
-// starts 16-byte aligned. C is read only where beta != 0.
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). The big operand is read in float4s from
+// 16-byte aligned addresses either way. Aligned (every row starts 16-byte aligned), a column's float4 q
+// holds its k = 4q .. 4q + 3. Unaligned, a column whose start lies `shift` floats past a 16-byte
+// boundary is read from that boundary: its float4 q holds k = 4q - shift .. 4q - shift + 3, and is
+// multiplied by the rows read `shift` floats back in the shared tile (which holds the 4 floats before
+// it too). Its up to 3 floats before the first whole float4 and after the last are multiplied after
+// the K loop, one by each of 6 lanes. C is read only where beta != 0.
 template <int R, bool ALIGNED>
 __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
 {
-    constexpr int V = ALIGNED ? 4 : 1;
-    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
-    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
+    constexpr int V = 4;  // floats per load of the big operand
+    // steps issued together (unaligned at 16 rows half as many: ptxas spilled the 2-column point there)
+    constexpr int U = ALIGNED || R < 16 || UNROLL == 1 ? UNROLL : UNROLL / 2;
+    constexpr int KT = (ALIGNED ? TILE_FLOATS : UNALIGNED_TILE_FLOATS) / R;  // K per shared tile (a multiple of 4)
+    constexpr int HALO = ALIGNED ? 0 : TILE_HALO;  // unaligned: the floats before the tile's first k too
+    constexpr int KS = KT + HALO;  // floats of a row's tile
+    constexpr int ROW = ALIGNED ? KT : KS + KS / 32;  // shared floats per row (unaligned: padded)
+    static_assert(R * ROW <= TILE_FLOATS, "the rows' tiles fit the shared array");
+    // Unaligned, a warp's columns are every GROUPS-th of the block's from its group's: where GROUPS is a
+    // multiple of 4 they share their shift (whatever the leading dimension), and a row's float4 is read
+    // once for all of them; else once per column.
+    constexpr bool ONE_SHIFT = ALIGNED || COLUMNS == 1 || GROUPS % 4 == 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp % GROUPS, slice = warp / GROUPS;
-    const int j0 = col0 + group * COLUMNS;  // the warp's first column
 
+    constexpr int SHIFTS = ONE_SHIFT ? 1 : COLUMNS;  // column c's shift is shift[ONE_SHIFT ? 0 : c]
+    int j[COLUMNS], shift[SHIFTS], first[SHIFTS], end[SHIFTS];  // first, end: the float4s wholly inside K
     const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
     bool live[COLUMNS];
 #pragma unroll
     for (int c = 0; c < COLUMNS; ++c) {
-        live[c] = j0 + c < cols;
-        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
+        j[c] = ALIGNED ? col0 + group * COLUMNS + c : col0 + group + GROUPS * c;
+        live[c] = j[c] < cols;
+        const float* start = G + (live[c] ? (long long)j[c] * ldg : 0);
+        const int n = ONE_SHIFT ? 0 : c;
+        if (c == n) {
+            shift[n] = ALIGNED ? 0 : (int)(reinterpret_cast<unsigned long long>(start) / 4 % 4);
+            first[n] = shift[n] > 0;
+            end[n] = (K + shift[n]) / V;
+        }
+        column[c] = start - shift[n];
     }
     // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
     // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
@@ -3263,20 +3305,38 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
 
     for (int k0 = 0; k0 < K; k0 += KT) {
-        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
+        // float4s of this tile: aligned, K is a multiple of 4; unaligned, those starting before K
+        const int vectors = (ALIGNED ? min(KT, K - k0) : min(KT, K - k0 + V - 1)) / V;
         __syncthreads();  // every warp is done with the last tile
-        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
-        // one wait, in place of a load and a store per vector, one L2 round trip after another.
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`, and
+        // unaligned before k 0 and from K on), then one wait, in place of a load and a store per
+        // vector, one L2 round trip after another.
+        if constexpr (ALIGNED) {
+            for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+                const int r = i / vectors, k = i % vectors * V;
+                cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+            }
+        } else {
+#pragma unroll 1
+            for (int r = 0; r < rows; ++r)  // a row at a time: no division, nothing per row kept over the passes
+                for (int i = threadIdx.x; i < KS; i += THREADS) {  // (rows past `rows`: never stored)
+                    const int k = k0 + i - HALO;
+                    const bool in = k >= 0 && k < K;
+                    cp_async<4>(s_rows + r * ROW + padded(i), in ? S + r * lds + k : S, in);
+                }
         }
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
+        int lo[SHIFTS], hi[SHIFTS];  // unaligned: the tile's float4s wholly inside each column (shift)
+#pragma unroll
+        for (int n = 0; n < SHIFTS; ++n) {
+            lo[n] = first[n] - k0 / V;
+            hi[n] = min(end[n] - k0 / V, vectors);
+        }
         for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
             float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
-            load_step<V, U>(b, column, live, k0, q0, vectors);
+            load_step<U, ALIGNED, SHIFTS>(b, column, live, lo, hi, k0, q0, vectors);
 #pragma unroll
             for (int u0 = 0; u0 < U; u0 += SPAN)
 #pragma unroll
@@ -3287,10 +3347,13 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
 #pragma unroll
                 for (int u = u0; u < u0 + SPAN; ++u) {
                     const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
-                    float a[V];  // one vector of row r, reused over the warp's columns
-                    load_vec<V>(a, s_rows + r * KT + q * V);
+                    const float* row = s_rows + r * ROW;
+                    const int at = HALO + q * V;  // its float4 q in the tile
+                    float a[V];  // one float4 of row r (shifted as the column), reused over the warp's columns
+                    if constexpr (ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[0]);
 #pragma unroll
                     for (int c = 0; c < COLUMNS; ++c) {
+                        if constexpr (!ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[ONE_SHIFT ? 0 : c]);
                         float& sum = BLOCKED ? part[c] : acc[r][c];
 #pragma unroll
                         for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
@@ -3300,6 +3363,21 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
 #pragma unroll
                     for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
                 }
+            }
+        }
+    }
+    if constexpr (!ALIGNED) {  // each column's floats before its first whole float4 ([0, head)) and after its last ([tail, K))
+        if (slice == 0 && lane < 6) {
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c) {
+                const int n = ONE_SHIFT ? 0 : c;
+                const int head = min(K, V * first[n] - shift[n]), tail = max(head, V * end[n] - shift[n]);
+                const int k = lane < 3 ? lane : tail + lane - 3;
+                if (!live[c] || k >= (lane < 3 ? head : K)) continue;
+                const float g = column[c][shift[n] + k];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < rows) acc[r][c] = fmaf(S[r * lds + k], g, acc[r][c]);
             }
         }
     }
@@ -3332,7 +3410,7 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
             float sum = sums[r][c];
             for (int s = 1; s < SLICES; ++s)
                 sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
-            float* out = C + r * c_row + (j0 + c) * c_col;
+            float* out = C + r * c_row + j[c] * c_col;
             *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
         }
     __syncthreads();  // s_part is free for the next pass
@@ -10408,6 +10486,669 @@ static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel tf32_11 {
+//     target   sm_90
+//     layout   A row, B col, C row
+//     decode   columns 1 warps 4 slices 2
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                   sm_90
+//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
+//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
+//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
+//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
+//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows); unaligned, K tile = 7680 / rows, with the 4 floats before it (which a column read from the 16-byte boundary before it reaches back to) and a float of padding per 32 (no bank conflicts)
+//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   threads per block        128 (4 warps: 2 column group(s) of 2 warp(s), each a slice of K) = 2 columns
+//   K slices' sums           32 shared floats, added in slice order (deterministic)
+//   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
+//   shared memory per block  0 dynamic + 32896 static bytes
+//   schedule                 a block per 2 columns of the big operand, of every batch
+//   epilogue                 alpha * A*B + beta * C
+//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_11_impl {
+
+// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
+// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
+// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
+// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
+constexpr int COLUMNS = 1;  // columns per warp
+constexpr int WARPS = 4;
+constexpr int SLICES = 2;  // warps per column group, each a slice of K
+constexpr int GROUPS = WARPS / SLICES;  // column groups per block
+constexpr int BLOCK_COLS = 2;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 128;
+constexpr int MAX_ROWS = 16;  // rows per pass
+constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+// Unaligned, K tile = UNALIGNED_TILE_FLOATS / rows, each row's tile with TILE_HALO floats before it and
+// a float of padding per 32 (padded()): still within TILE_FLOATS.
+constexpr int UNALIGNED_TILE_FLOATS = 7680;
+constexpr int TILE_HALO = 4;
+constexpr int PART_FLOATS = 32;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
+constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
+constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 0;
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 4;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
+
+// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+
+// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? BYTES : 0;
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+}
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+}
+static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+
+// 4 consecutive floats from 16-byte aligned memory into registers, or zeros.
+__device__ __forceinline__ void load_vec(float (&regs)[4], const float* src) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+}
+
+__device__ __forceinline__ void fill_zero(float (&regs)[4]) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) regs[v] = 0.0f;
+}
+
+// Where an unaligned row's float i of its tile lies: a float of padding after every 32, so that the
+// lanes' reads, 4 floats apart, fall in 32 banks (unpadded, 4 lanes shared each bank).
+__device__ __forceinline__ int padded(int i) {
+    return i + (i >> 5);
+}
+
+// 4 consecutive floats from float `at` of a row's tile in shared memory: one 16-byte load where the
+// call is aligned, else four (a column's shift puts them anywhere), padded.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_row(float (&regs)[4], const float* row, int at) {
+    if constexpr (ALIGNED) {
+        load_vec(regs, row + at);
+    } else {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) regs[v] = row[padded(at + v)];
+    }
+}
+
+// One step of a lane: U x COLUMNS float4s of the big operand, STEP apart from q0, all issued before
+// any is used; zeros for columns past the edge, and past the tile's `vectors` (aligned) or outside the
+// float4s [lo, hi) wholly inside each column (unaligned; lo and hi per shift).
+template <int U, bool ALIGNED, int SHIFTS>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][4], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], const int (&lo)[SHIFTS], const int (&hi)[SHIFTS], int k0, int q0,
+        int vectors) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            const int q = q0 + u * STEP;
+            const int n = SHIFTS == 1 ? 0 : c;
+            const bool in = (ALIGNED ? q < vectors : q >= lo[n] && q < hi[n]) && live[c];
+            if (in) load_vec(b[u][c], column[c] + k0 + q * 4);
+            else fill_zero(b[u][c]);
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). The big operand is read in float4s from
+// 16-byte aligned addresses either way. Aligned (every row starts 16-byte aligned), a column's float4 q
+// holds its k = 4q .. 4q + 3. Unaligned, a column whose start lies `shift` floats past a 16-byte
+// boundary is read from that boundary: its float4 q holds k = 4q - shift .. 4q - shift + 3, and is
+// multiplied by the rows read `shift` floats back in the shared tile (which holds the 4 floats before
+// it too). Its up to 3 floats before the first whole float4 and after the last are multiplied after
+// the K loop, one by each of 6 lanes. C is read only where beta != 0.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = 4;  // floats per load of the big operand
+    // steps issued together (unaligned at 16 rows half as many: ptxas spilled the 2-column point there)
+    constexpr int U = ALIGNED || R < 16 || UNROLL == 1 ? UNROLL : UNROLL / 2;
+    constexpr int KT = (ALIGNED ? TILE_FLOATS : UNALIGNED_TILE_FLOATS) / R;  // K per shared tile (a multiple of 4)
+    constexpr int HALO = ALIGNED ? 0 : TILE_HALO;  // unaligned: the floats before the tile's first k too
+    constexpr int KS = KT + HALO;  // floats of a row's tile
+    constexpr int ROW = ALIGNED ? KT : KS + KS / 32;  // shared floats per row (unaligned: padded)
+    static_assert(R * ROW <= TILE_FLOATS, "the rows' tiles fit the shared array");
+    // Unaligned, a warp's columns are every GROUPS-th of the block's from its group's: where GROUPS is a
+    // multiple of 4 they share their shift (whatever the leading dimension), and a row's float4 is read
+    // once for all of them; else once per column.
+    constexpr bool ONE_SHIFT = ALIGNED || COLUMNS == 1 || GROUPS % 4 == 0;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp % GROUPS, slice = warp / GROUPS;
+
+    constexpr int SHIFTS = ONE_SHIFT ? 1 : COLUMNS;  // column c's shift is shift[ONE_SHIFT ? 0 : c]
+    int j[COLUMNS], shift[SHIFTS], first[SHIFTS], end[SHIFTS];  // first, end: the float4s wholly inside K
+    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
+    bool live[COLUMNS];
+#pragma unroll
+    for (int c = 0; c < COLUMNS; ++c) {
+        j[c] = ALIGNED ? col0 + group * COLUMNS + c : col0 + group + GROUPS * c;
+        live[c] = j[c] < cols;
+        const float* start = G + (live[c] ? (long long)j[c] * ldg : 0);
+        const int n = ONE_SHIFT ? 0 : c;
+        if (c == n) {
+            shift[n] = ALIGNED ? 0 : (int)(reinterpret_cast<unsigned long long>(start) / 4 % 4);
+            first[n] = shift[n] > 0;
+            end[n] = (K + shift[n]) / V;
+        }
+        column[c] = start - shift[n];
+    }
+    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
+    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
+    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
+    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
+    // accumulators (blocked there too, ptxas spilled the 4-column points).
+    constexpr bool BLOCKED = R <= 8;
+    constexpr int SPAN = U < 16 / V ? U : 16 / V;
+    float acc[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        // float4s of this tile: aligned, K is a multiple of 4; unaligned, those starting before K
+        const int vectors = (ALIGNED ? min(KT, K - k0) : min(KT, K - k0 + V - 1)) / V;
+        __syncthreads();  // every warp is done with the last tile
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`, and
+        // unaligned before k 0 and from K on), then one wait, in place of a load and a store per
+        // vector, one L2 round trip after another.
+        if constexpr (ALIGNED) {
+            for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+                const int r = i / vectors, k = i % vectors * V;
+                cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+            }
+        } else {
+#pragma unroll 1
+            for (int r = 0; r < rows; ++r)  // a row at a time: no division, nothing per row kept over the passes
+                for (int i = threadIdx.x; i < KS; i += THREADS) {  // (rows past `rows`: never stored)
+                    const int k = k0 + i - HALO;
+                    const bool in = k >= 0 && k < K;
+                    cp_async<4>(s_rows + r * ROW + padded(i), in ? S + r * lds + k : S, in);
+                }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        int lo[SHIFTS], hi[SHIFTS];  // unaligned: the tile's float4s wholly inside each column (shift)
+#pragma unroll
+        for (int n = 0; n < SHIFTS; ++n) {
+            lo[n] = first[n] - k0 / V;
+            hi[n] = min(end[n] - k0 / V, vectors);
+        }
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<U, ALIGNED, SHIFTS>(b, column, live, lo, hi, k0, q0, vectors);
+#pragma unroll
+            for (int u0 = 0; u0 < U; u0 += SPAN)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
+#pragma unroll
+                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
+#pragma unroll
+                for (int u = u0; u < u0 + SPAN; ++u) {
+                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
+                    const float* row = s_rows + r * ROW;
+                    const int at = HALO + q * V;  // its float4 q in the tile
+                    float a[V];  // one float4 of row r (shifted as the column), reused over the warp's columns
+                    if constexpr (ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[0]);
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) {
+                        if constexpr (!ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[ONE_SHIFT ? 0 : c]);
+                        float& sum = BLOCKED ? part[c] : acc[r][c];
+#pragma unroll
+                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
+                    }
+                }
+                if constexpr (BLOCKED) {
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
+                }
+            }
+        }
+    }
+    if constexpr (!ALIGNED) {  // each column's floats before its first whole float4 ([0, head)) and after its last ([tail, K))
+        if (slice == 0 && lane < 6) {
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c) {
+                const int n = ONE_SHIFT ? 0 : c;
+                const int head = min(K, V * first[n] - shift[n]), tail = max(head, V * end[n] - shift[n]);
+                const int k = lane < 3 ? lane : tail + lane - 3;
+                if (!live[c] || k >= (lane < 3 ? head : K)) continue;
+                const float g = column[c][shift[n] + k];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < rows) acc[r][c] = fmaf(S[r * lds + k], g, acc[r][c]);
+            }
+        }
+    }
+
+    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
+    float sums[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            sums[r][c] = acc[r][c];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2)
+                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
+        }
+    if (slice > 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c)
+                if ((r * COLUMNS + c) % 32 == lane)
+                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
+            float sum = sums[r][c];
+            for (int s = 1; s < SLICES; ++s)
+                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
+            float* out = C + r * c_row + j[c] * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// ---- the tensor path: a pass of up to 16 rows on mma.sync m16n8k8 -------------------------------
+// The big operand's columns are the MMA's M: a warp takes a tile of 16 of them (lane 4g + t: columns g
+// and g + 8), and the rows are its N, 8 at a time (lane 4g + t: row g, and row g + 8 in a pass of 9 to
+// 16 rows). So per byte of the big operand a warp reads half a byte (8 rows) or one (16 rows) of the
+// small one, through L1 where the lanes need them: no shared tile, no block barrier in the K loop.
+// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
+// of each of its columns and rows), floats h and h + 1 as k slots t and t + 4 of k step h / 2, the same
+// slots for both operands. A column's four lanes read 128 consecutive bytes of it per chunk.
+constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
+constexpr int TILE_COLUMNS = 16;  // columns per warp: mma.sync m16n8k8's M
+static_assert(PRODUCTS == 0 || (TILES * TILE_COLUMNS == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 8 == 0, "two batches of chunks of two columns' two float4s");
+
+// The TF32 fragments of N floats, rounded to nearest (cvt.rna, as cuBLAS TF32); under 3xtf32 also
+// those of what rounding left (small).
+template <int N>
+__device__ __forceinline__ void fragments(unsigned (&big)[N], unsigned (&small)[N], const float (&v)[N]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        if constexpr (PRODUCTS == 3) split_tf32(v[n], big[n], small[n]);
+        else big[n] = to_tf32(v[n]);
+    }
+}
+
+// c += a * b over one k step (a: 16 columns x 8 k, b: 8 k x 8 rows). 3xtf32: small x big and big x small
+// into their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
+__device__ __forceinline__ void mma_products(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
+        const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
+    if constexpr (PRODUCTS == 3) {
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// The products of one chunk of the lane's columns (w: g, w8: g + 8) and rows (r: g, r8: g + 8, read
+// at R = 16), summed into p and ps (a 16 x 8 tile per 8 rows).
+template <int R>
+__device__ __forceinline__ void multiply_chunk(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&w)[8],
+        const float (&w8)[8], const float (&r)[8], const float (&r8)[8]) {
+#pragma unroll
+    for (int h = 0; h < 8; h += 2) {  // four k steps
+        const float a[4] = {w[h], w8[h], w[h + 1], w8[h + 1]}, b[2] = {r[h], r[h + 1]};
+        unsigned ab[4], as[4], bb[2], bs[2];
+        fragments<4>(ab, as, a);
+        fragments<2>(bb, bs, b);
+        mma_products(p[0], ps[0], ab, as, bb, bs);
+        if constexpr (R == 16) {
+            const float b8[2] = {r8[h], r8[h + 1]};
+            fragments<2>(bb, bs, b8);
+            mma_products(p[1], ps[1], ab, as, bb, bs);
+        }
+    }
+}
+
+// A lane's 8 floats of one chunk from `p` (two float4s, or 8 floats unaligned), read through L1
+// (ld.global.nc), or zeros where `in` is false: a select per load, no branch, so that ptxas may issue
+// them early.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, bool in) {
+    if constexpr (ALIGNED) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {
+            const float4 x = in ? __ldg(reinterpret_cast<const float4*>(p + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[e] = x.x; v[e + 1] = x.y; v[e + 2] = x.z; v[e + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = in ? __ldg(p + e) : 0.0f;
+    }
+}
+
+// The same, one float at a time, for the partial last chunk: floats from `left` on are zeros.
+__device__ __forceinline__ void load_tail(float (&v)[8], const float* p, int left) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = e < left ? __ldg(p + e) : 0.0f;
+}
+
+// The lane's two columns of U chunks: q0, q0 + TILE_SLICES, .. (zeros from chunk `full` on, and where
+// a column lies past the edge).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_columns(float (&b)[U][2][8], const float* column, const float* column8,
+        bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        load_chunk<ALIGNED>(b[u][0], column + q * CHUNK, q < full && live);
+        load_chunk<ALIGNED>(b[u][1], column8 + q * CHUNK, q < full && live8);
+    }
+}
+
+// The products of U chunks of the lane's columns (b, loaded) with the same k of its rows (read here;
+// zeros from chunk `full` on, and for rows past the edge).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&b)[U][2][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        float r[8], r8[8];
+        load_chunk<ALIGNED>(r, row + q * CHUNK, q < full && live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(r8, row8 + q * CHUNK, q < full && live8);
+        multiply_chunk<R>(p, ps, b[u][0], b[u][1], r, r8);
+    }
+}
+
+// Sums of NB blocks of 8 rows (s, and the small products' ss) set to zero, and a batch's added into them.
+template <int NB>
+__device__ __forceinline__ void zero_sums(float (&s)[NB][4], float (&ss)[NB][4]) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[n][i] = ss[n][i] = 0.0f;
+}
+
+template <int NB>
+__device__ __forceinline__ void add_sums(float (&s)[NB][4], float (&ss)[NB][4], const float (&p)[NB][4],
+        const float (&ps)[NB][4]) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            s[n][i] += p[n][i];
+            ss[n][i] += ps[n][i];
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
+// 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
+// chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
+// flight in turn: the next batch's loads are issued before this one's products. The loop over K's
+// whole chunks has no branch but its own; a partial last chunk follows it.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
+{
+    constexpr int U = CHUNKS_IN_FLIGHT / 8;  // chunks per batch (2 columns x 2 float4s each): 2 batches of U
+    constexpr int NB = R / 8;  // blocks of 8 rows: the MMA's N
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    static_assert(U >= 1, "at least one chunk per batch");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * TILE_COLUMNS + g;  // the lane's columns j and j + 8
+    const bool live = j < cols, live8 = j + 8 < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* column8 = G + (live8 ? (long long)(j + 8) * ldg : 0) + 8 * t;
+    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
+    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
+    const int full = K / CHUNK;  // chunks wholly inside K
+    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
+    float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
+    zero_sums(c, cs);
+
+    float b0[U][2][8], b1[U][2][8];
+    load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
+#pragma unroll 1
+    for (int q0 = slice; q0 < full; q0 += 2 * STRIDE) {
+        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
+        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
+        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
+        // the FP32 sums long: 3xtf32's error grew along K.)
+        float p[NB][4], ps[NB][4];
+        zero_sums(p, ps);
+        load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
+        load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
+        add_sums(c, cs, p, ps);
+    }
+    if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
+        const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
+        float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
+        zero_sums(p, ps);
+        load_tail(w, column + full * CHUNK, live ? left : 0);
+        load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
+        load_tail(r, row + full * CHUNK, live_row ? left : 0);
+        load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
+        multiply_chunk<R>(p, ps, w, w8, r, r8);
+        add_sums(c, cs, p, ps);
+    }
+
+    // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
+    constexpr int PART = TILE_COLUMNS * MAX_ROWS;  // shared floats per tile and slice
+    if (slice > 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                s_part[((slice - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i] = c[n][i] + cs[n][i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 8 * n + 2 * t + i % 2, jc = j + 8 * (i / 2);
+                if (r >= rows || jc >= cols) continue;
+                float sum = c[n][i] + cs[n][i];  // cs is zero but in 3xtf32
+                for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i];
+                float* out = C + r * c_row + jc * c_col;
+                *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+            }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS)
+gemmgen_tf32_11_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
+    __shared__ float s_part[PART_FLOATS];
+    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
+    const bool transposed = M > N;
+    const int rows = transposed ? N : M, cols = transposed ? M : N;
+    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
+    const long long batch_index = blockIdx.x / blocks;
+    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
+    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    C += batch_index * strideC;
+    const float* S = transposed ? B : A;
+    const float* G = transposed ? A : B;
+    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
+    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
+    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
+
+    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
+        const int left = min(rows - r0, MAX_ROWS);
+        const float* s = S + r0 * lds;
+        float* c = C + r0 * c_row;
+        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
+            if (left <= 8)
+                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+            else
+                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+        } else if (left == 1)
+            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left == 2)
+            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 4)
+            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 8)
+            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else
+            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+    }
+}
+
+}  // namespace gemmgen_tf32_11_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_11_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
+    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_11_kernel<true> : gemmgen_tf32_11_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_11_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 12: tf32_12 ===========================================
+// gemmgen_tf32_12: generated by gemmgen 0.1.0 from <library tf32: tf32_12> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_12 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 64 x 32
@@ -10434,13 +11175,13 @@ static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_11_impl {
+namespace gemmgen_tf32_12_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -10671,7 +11412,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_11_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_12_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -10812,7 +11553,7 @@ gemmgen_tf32_11_kernel(int M, int N, int K, float alpha, const float* __restrict
 #endif
 }
 
-}  // namespace gemmgen_tf32_11_impl
+}  // namespace gemmgen_tf32_12_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -10822,11 +11563,11 @@ gemmgen_tf32_11_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_11_impl;
+    using namespace gemmgen_tf32_12_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -10849,7 +11590,7 @@ static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_11_kernel<true> : gemmgen_tf32_11_kernel<false>;
+        aligned ? gemmgen_tf32_12_kernel<true> : gemmgen_tf32_12_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -10859,17 +11600,17 @@ static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_11_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 12: tf32_12 ===========================================
-// gemmgen_tf32_12: generated by gemmgen 0.1.0 from <library tf32: tf32_12> (edit the spec, not this file)
+// ==== member 13: tf32_13 ===========================================
+// gemmgen_tf32_13: generated by gemmgen 0.1.0 from <library tf32: tf32_13> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_12 {
+//   kernel tf32_13 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 128 x 32
@@ -10895,996 +11636,6 @@ static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float*
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    3 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (96 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_12_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_12_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_12_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_12_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_12_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_12_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_12_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_12_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_12_fallback_kernel<true> : gemmgen_tf32_12_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_12_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_12_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_12_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 99400;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y), summed through a workspace
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
-// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
-// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
-// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
-// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
-// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
-// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
-// tile's again, for the next launch on the same workspace.
-constexpr int CONSUMER_THREADS = CONSUMERS * 128;
-constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
-constexpr int SLOT_FLOATS = BM * BN;
-constexpr int COUNTER_FLOATS = 32;
-constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
-constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
-static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
-
-// The block's consumer warpgroups only (its producer warpgroup has returned).
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
-}
-
-// Writes this thread's share of the slice's product to its slot and counts the block in; true in
-// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
-__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
-                                           int* last) {
-    float* region = workspace + blockIdx.x * REGION_FLOATS;
-    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2)
-            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
-    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
-    consumers_sync();
-    if (consumer_thread == 0) {
-        int* counter = reinterpret_cast<int*>(region);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
-        *last = arrived == SPLIT_K;
-    }
-    consumers_sync();
-    if (!*last) return false;
-    __threadfence();  // the other slices' sums, seen after their counts
-    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2) {
-            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-            acc[i][j] = first.x;
-            acc[i][j + 1] = first.y;
-        }
-    for (int y = 1; y < SPLIT_K; ++y) {
-        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
-#pragma unroll
-        for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; j += 2) {
-                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-                acc[i][j] += sums.x;
-                acc[i][j + 1] += sums.y;
-            }
-    }
-    return true;
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        float* __restrict__ workspace,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    // Split K through the workspace: this slice's product to its slot; the block that counts in last
-    // holds the tile's sum in acc and stores it below, the others are done.
-    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_12_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-#include <mutex>
-
-namespace gemmgen_tf32_12_impl {
-// Split K's workspace (see split K above): one per device and stream, since kernels on one
-// stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
-// allocates, so it cannot be the first call inside a CUDA graph capture.
-static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
-    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
-    static std::mutex lock;
-    static Entry entries[16];
-    static unsigned long long calls = 0;
-    std::lock_guard<std::mutex> guard(lock);
-    Entry* entry = nullptr;
-    for (Entry& e : entries)
-        if (e.memory && e.stream == stream && e.device == device) entry = &e;
-    if (!entry) {  // a free entry, or the one used longest ago
-        entry = &entries[0];
-        for (Entry& e : entries)
-            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
-    }
-    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
-        if (entry->memory) {
-            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
-            entry->memory = nullptr;
-            if (freed != cudaSuccess) return freed;
-        }
-        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
-        cudaError_t error = cudaMalloc(&entry->memory, size);
-        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
-        error = cudaMemsetAsync(entry->memory, 0, size, stream);
-        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
-        *entry = Entry{stream, device, size, entry->memory, 0};
-    }
-    entry->used = ++calls;
-    *workspace = static_cast<float*>(entry->memory);
-    return cudaSuccess;
-}
-}  // namespace gemmgen_tf32_12_impl
-
-static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_12_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_12_kernel<true> : gemmgen_tf32_12_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 13: tf32_13 ===========================================
-// gemmgen_tf32_13: generated by gemmgen 0.1.0 from <library tf32: tf32_13> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_13 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 64 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    4 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99400 bytes per block
-//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_13_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -11925,7 +11676,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -12346,11 +12097,11 @@ static inline int gemmgen_tf32_13_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_13_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
@@ -12359,7 +12110,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int SMEM_BYTES = 99400;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -12483,11 +12234,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -12850,89 +12601,223 @@ static inline int gemmgen_tf32_13(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel tf32_14 {
-//     target   sm_90
+//     target   sm_90a
 //     layout   A row, B col, C row
-//     decode   columns 1 warps 8 slices 2
+//     block    128 x 64 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    4 workspace
 //     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
-//   target                   sm_90
-//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
-//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
-//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
-//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
-//   threads per block        256 (8 warps: 4 column group(s) of 2 warp(s), each a slice of K) = 4 columns
-//   K slices' sums           64 shared floats, added in slice order (deterministic)
-//   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
-//   shared memory per block  0 dynamic + 33024 static bytes
-//   schedule                 a block per 4 columns of the big operand, of every batch
-//   epilogue                 alpha * A*B + beta * C
-//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99400 bytes per block
+//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_14_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_14_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_14_impl {
+namespace gemmgen_tf32_14_fallback_impl {
 
-// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
-// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
-// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
-// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 1;  // columns per warp
-constexpr int WARPS = 8;
-constexpr int SLICES = 2;  // warps per column group, each a slice of K
-constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 256;
-constexpr int MAX_ROWS = 16;  // rows per pass
-constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
-constexpr int PART_FLOATS = 64;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
-constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
-constexpr int SMEM_BYTES = 0;  // its shared memory is static
-// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
-// step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
-constexpr int PRODUCTS = 0;
-constexpr int TILES = 1;
-constexpr int TILE_SLICES = 8;
-constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
 
-// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
-// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
-// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const int src_bytes = valid ? BYTES : 0;
-    if constexpr (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
     } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+        regs[0] = *src;
     }
 }
 
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
 }
 
-// Wait until at most PENDING committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
-// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_14_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
 
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
 __device__ __forceinline__ unsigned to_tf32(float x) {
@@ -12948,436 +12833,202 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
-// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
-__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
-                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
-        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
-// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
-// which is exactly the TF32 fragment layout above when shared rows run along K.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
-}
-
-__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
-}
-static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
-
-// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
     } else {
-        regs[0] = *src;
+        row = q % ROWS;
+        k = q / ROWS * 4;
     }
 }
 
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
 #pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
-// past the tile's `vectors` and for columns past the edge), all issued before any is used.
-template <int V, int U>
-__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
-        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            const int q = q0 + u * STEP;
-            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
-            else fill_zero<V>(b[u][c]);
-        }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
-// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
-// starts 16-byte aligned. C is read only where beta != 0.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    constexpr int V = ALIGNED ? 4 : 1;
-    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
-    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = warp % GROUPS, slice = warp / GROUPS;
-    const int j0 = col0 + group * COLUMNS;  // the warp's first column
-
-    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
-    bool live[COLUMNS];
-#pragma unroll
-    for (int c = 0; c < COLUMNS; ++c) {
-        live[c] = j0 + c < cols;
-        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
-    }
-    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
-    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
-    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
-    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
-    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
-    // accumulators (blocked there too, ptxas spilled the 4-column points).
-    constexpr bool BLOCKED = R <= 8;
-    constexpr int SPAN = U < 16 / V ? U : 16 / V;
-    float acc[R][COLUMNS];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
-
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
-        __syncthreads();  // every warp is done with the last tile
-        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
-        // one wait, in place of a load and a store per vector, one L2 round trip after another.
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
-            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
-            load_step<V, U>(b, column, live, k0, q0, vectors);
-#pragma unroll
-            for (int u0 = 0; u0 < U; u0 += SPAN)
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
-#pragma unroll
-                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
-#pragma unroll
-                for (int u = u0; u < u0 + SPAN; ++u) {
-                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
-                    float a[V];  // one vector of row r, reused over the warp's columns
-                    load_vec<V>(a, s_rows + r * KT + q * V);
-#pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) {
-                        float& sum = BLOCKED ? part[c] : acc[r][c];
-#pragma unroll
-                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
-                    }
-                }
-                if constexpr (BLOCKED) {
-#pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
-                }
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
             }
         }
     }
-
-    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
-    float sums[R][COLUMNS];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            sums[r][c] = acc[r][c];
-#pragma unroll
-            for (int offset = 16; offset > 0; offset /= 2)
-                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
-        }
-    if (slice > 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int c = 0; c < COLUMNS; ++c)
-                if ((r * COLUMNS + c) % 32 == lane)
-                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
-            float sum = sums[r][c];
-            for (int s = 1; s < SLICES; ++s)
-                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
-            float* out = C + r * c_row + (j0 + c) * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
-    __syncthreads();  // s_part is free for the next pass
 }
 
-// ---- the tensor path: a pass of up to 16 rows on mma.sync m16n8k8 -------------------------------
-// The big operand's columns are the MMA's M: a warp takes a tile of 16 of them (lane 4g + t: columns g
-// and g + 8), and the rows are its N, 8 at a time (lane 4g + t: row g, and row g + 8 in a pass of 9 to
-// 16 rows). So per byte of the big operand a warp reads half a byte (8 rows) or one (16 rows) of the
-// small one, through L1 where the lanes need them: no shared tile, no block barrier in the K loop.
-// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
-// of each of its columns and rows), floats h and h + 1 as k slots t and t + 4 of k step h / 2, the same
-// slots for both operands. A column's four lanes read 128 consecutive bytes of it per chunk.
-constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
-constexpr int TILE_COLUMNS = 16;  // columns per warp: mma.sync m16n8k8's M
-static_assert(PRODUCTS == 0 || (TILES * TILE_COLUMNS == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 8 == 0, "two batches of chunks of two columns' two float4s");
-
-// The TF32 fragments of N floats, rounded to nearest (cvt.rna, as cuBLAS TF32); under 3xtf32 also
-// those of what rounding left (small).
-template <int N>
-__device__ __forceinline__ void fragments(unsigned (&big)[N], unsigned (&small)[N], const float (&v)[N]) {
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
-        if constexpr (PRODUCTS == 3) split_tf32(v[n], big[n], small[n]);
-        else big[n] = to_tf32(v[n]);
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
     }
-}
-
-// c += a * b over one k step (a: 16 columns x 8 k, b: 8 k x 8 rows). 3xtf32: small x big and big x small
-// into their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
-// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
-__device__ __forceinline__ void mma_products(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
-        const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
-    if constexpr (PRODUCTS == 3) {
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
-    }
-    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
-}
-
-// The products of one chunk of the lane's columns (w: g, w8: g + 8) and rows (r: g, r8: g + 8, read
-// at R = 16), summed into p and ps (a 16 x 8 tile per 8 rows).
-template <int R>
-__device__ __forceinline__ void multiply_chunk(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&w)[8],
-        const float (&w8)[8], const float (&r)[8], const float (&r8)[8]) {
-#pragma unroll
-    for (int h = 0; h < 8; h += 2) {  // four k steps
-        const float a[4] = {w[h], w8[h], w[h + 1], w8[h + 1]}, b[2] = {r[h], r[h + 1]};
-        unsigned ab[4], as[4], bb[2], bs[2];
-        fragments<4>(ab, as, a);
-        fragments<2>(bb, bs, b);
-        mma_products(p[0], ps[0], ab, as, bb, bs);
-        if constexpr (R == 16) {
-            const float b8[2] = {r8[h], r8[h + 1]};
-            fragments<2>(bb, bs, b8);
-            mma_products(p[1], ps[1], ab, as, bb, bs);
-        }
-    }
-}
-
-// A lane's 8 floats of one chunk from `p` (two float4s, or 8 floats unaligned), read through L1
-// (ld.global.nc), or zeros where `in` is false: a select per load, no branch, so that ptxas may issue
-// them early.
-template <bool ALIGNED>
-__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, bool in) {
-    if constexpr (ALIGNED) {
-#pragma unroll
-        for (int e = 0; e < 8; e += 4) {
-            const float4 x = in ? __ldg(reinterpret_cast<const float4*>(p + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            v[e] = x.x; v[e + 1] = x.y; v[e + 2] = x.z; v[e + 3] = x.w;
-        }
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = in ? __ldg(p + e) : 0.0f;
-    }
-}
-
-// The same, one float at a time, for the partial last chunk: floats from `left` on are zeros.
-__device__ __forceinline__ void load_tail(float (&v)[8], const float* p, int left) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = e < left ? __ldg(p + e) : 0.0f;
-}
-
-// The lane's two columns of U chunks: q0, q0 + TILE_SLICES, .. (zeros from chunk `full` on, and where
-// a column lies past the edge).
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_columns(float (&b)[U][2][8], const float* column, const float* column8,
-        bool live, bool live8, int q0, int full) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int q = q0 + u * TILE_SLICES;
-        load_chunk<ALIGNED>(b[u][0], column + q * CHUNK, q < full && live);
-        load_chunk<ALIGNED>(b[u][1], column8 + q * CHUNK, q < full && live8);
-    }
-}
-
-// The products of U chunks of the lane's columns (b, loaded) with the same k of its rows (read here;
-// zeros from chunk `full` on, and for rows past the edge).
-template <int R, int U, bool ALIGNED>
-__device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&b)[U][2][8],
-        const float* row, const float* row8, bool live, bool live8, int q0, int full) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int q = q0 + u * TILE_SLICES;
-        float r[8], r8[8];
-        load_chunk<ALIGNED>(r, row + q * CHUNK, q < full && live);
-        if constexpr (R == 16) load_chunk<ALIGNED>(r8, row8 + q * CHUNK, q < full && live8);
-        multiply_chunk<R>(p, ps, b[u][0], b[u][1], r, r8);
-    }
-}
-
-// Sums of NB blocks of 8 rows (s, and the small products' ss) set to zero, and a batch's added into them.
-template <int NB>
-__device__ __forceinline__ void zero_sums(float (&s)[NB][4], float (&ss)[NB][4]) {
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[n][i] = ss[n][i] = 0.0f;
-}
-
-template <int NB>
-__device__ __forceinline__ void add_sums(float (&s)[NB][4], float (&ss)[NB][4], const float (&p)[NB][4],
-        const float (&ps)[NB][4]) {
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            s[n][i] += p[n][i];
-            ss[n][i] += ps[n][i];
-        }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
-// 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
-// chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
-// flight in turn: the next batch's loads are issued before this one's products. The loop over K's
-// whole chunks has no branch but its own; a partial last chunk follows it.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
-{
-    constexpr int U = CHUNKS_IN_FLIGHT / 8;  // chunks per batch (2 columns x 2 float4s each): 2 batches of U
-    constexpr int NB = R / 8;  // blocks of 8 rows: the MMA's N
-    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
-    static_assert(U >= 1, "at least one chunk per batch");
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int tile = warp % TILES, slice = warp / TILES;
-    const int g = lane / 4, t = lane % 4;
-    const int j = col0 + tile * TILE_COLUMNS + g;  // the lane's columns j and j + 8
-    const bool live = j < cols, live8 = j + 8 < cols, live_row = g < rows, live_row8 = g + 8 < rows;
-    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
-    const float* column8 = G + (live8 ? (long long)(j + 8) * ldg : 0) + 8 * t;
-    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
-    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
-    const int full = K / CHUNK;  // chunks wholly inside K
-    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
-    float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
-    zero_sums(c, cs);
-
-    float b0[U][2][8], b1[U][2][8];
-    load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
-#pragma unroll 1
-    for (int q0 = slice; q0 < full; q0 += 2 * STRIDE) {
-        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
-        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
-        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
-        // the FP32 sums long: 3xtf32's error grew along K.)
-        float p[NB][4], ps[NB][4];
-        zero_sums(p, ps);
-        load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
-        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
-        load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
-        multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
-        add_sums(c, cs, p, ps);
-    }
-    if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
-        const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
-        float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
-        zero_sums(p, ps);
-        load_tail(w, column + full * CHUNK, live ? left : 0);
-        load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
-        load_tail(r, row + full * CHUNK, live_row ? left : 0);
-        load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
-        multiply_chunk<R>(p, ps, w, w8, r, r8);
-        add_sums(c, cs, p, ps);
-    }
-
-    // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
-    constexpr int PART = TILE_COLUMNS * MAX_ROWS;  // shared floats per tile and slice
-    if (slice > 0) {
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                s_part[((slice - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i] = c[n][i] + cs[n][i];
-    }
-    __syncthreads();
-    if (slice == 0) {
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int r = 8 * n + 2 * t + i % 2, jc = j + 8 * (i / 2);
-                if (r >= rows || jc >= cols) continue;
-                float sum = c[n][i] + cs[n][i];  // cs is zero but in 3xtf32
-                for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i];
-                float* out = C + r * c_row + jc * c_col;
-                *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-            }
-    }
-    __syncthreads();  // s_part is free for the next pass
 }
 
 template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_14_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_14_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
         long long strideB,
         long long strideC)
 {
-    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
-    __shared__ float s_part[PART_FLOATS];
-    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
-    const bool transposed = M > N;
-    const int rows = transposed ? N : M, cols = transposed ? M : N;
-    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
-    const long long batch_index = blockIdx.x / blocks;
-    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
-    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    C += batch_index * strideC;
-    const float* S = transposed ? B : A;
-    const float* G = transposed ? A : B;
-    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
-    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
-    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
 
-    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
-        const int left = min(rows - r0, MAX_ROWS);
-        const float* s = S + r0 * lds;
-        float* c = C + r0 * c_row;
-        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
-            if (left <= 8)
-                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
-            else
-                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
-        } else if (left == 1)
-            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left == 2)
-            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 4)
-            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 8)
-            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else
-            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
     }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
 }
 
-}  // namespace gemmgen_tf32_14_impl
+}  // namespace gemmgen_tf32_14_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -13387,11 +13038,11 @@ gemmgen_tf32_14_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_14_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_14_impl;
+    using namespace gemmgen_tf32_14_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -13407,19 +13058,524 @@ static inline int gemmgen_tf32_14_batched(int M, int N, int K, float alpha, cons
     }
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
 
-    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
-    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_14_kernel<true> : gemmgen_tf32_14_kernel<false>;
+        aligned ? gemmgen_tf32_14_fallback_kernel<true> : gemmgen_tf32_14_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_14_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_14_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_14_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 99400;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
+    }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_14_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_tf32_14_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_tf32_14_impl
+
+static inline int gemmgen_tf32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_14_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_14_kernel<true> : gemmgen_tf32_14_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -16316,6 +16472,10 @@ constexpr int BLOCK_COLS = 16;  // columns per block = COLUMNS * GROUPS
 constexpr int THREADS = 512;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+// Unaligned, K tile = UNALIGNED_TILE_FLOATS / rows, each row's tile with TILE_HALO floats before it and
+// a float of padding per 32 (padded()): still within TILE_FLOATS.
+constexpr int UNALIGNED_TILE_FLOATS = 7680;
+constexpr int TILE_HALO = 4;
 constexpr int PART_FLOATS = 3840;  // shared partial sums of slices 1 .. SLICES - 1
 constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
@@ -16395,60 +16555,98 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
 }
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
 
-// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+// 4 consecutive floats from 16-byte aligned memory into registers, or zeros.
+__device__ __forceinline__ void load_vec(float (&regs)[4], const float* src) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+}
+
+__device__ __forceinline__ void fill_zero(float (&regs)[4]) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) regs[v] = 0.0f;
+}
+
+// Where an unaligned row's float i of its tile lies: a float of padding after every 32, so that the
+// lanes' reads, 4 floats apart, fall in 32 banks (unpadded, 4 lanes shared each bank).
+__device__ __forceinline__ int padded(int i) {
+    return i + (i >> 5);
+}
+
+// 4 consecutive floats from float `at` of a row's tile in shared memory: one 16-byte load where the
+// call is aligned, else four (a column's shift puts them anywhere), padded.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_row(float (&regs)[4], const float* row, int at) {
+    if constexpr (ALIGNED) {
+        load_vec(regs, row + at);
     } else {
-        regs[0] = *src;
+#pragma unroll
+        for (int v = 0; v < 4; ++v) regs[v] = row[padded(at + v)];
     }
 }
 
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
-// past the tile's `vectors` and for columns past the edge), all issued before any is used.
-template <int V, int U>
-__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
-        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+// One step of a lane: U x COLUMNS float4s of the big operand, STEP apart from q0, all issued before
+// any is used; zeros for columns past the edge, and past the tile's `vectors` (aligned) or outside the
+// float4s [lo, hi) wholly inside each column (unaligned; lo and hi per shift).
+template <int U, bool ALIGNED, int SHIFTS>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][4], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], const int (&lo)[SHIFTS], const int (&hi)[SHIFTS], int k0, int q0,
+        int vectors) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int c = 0; c < COLUMNS; ++c) {
             const int q = q0 + u * STEP;
-            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
-            else fill_zero<V>(b[u][c]);
+            const int n = SHIFTS == 1 ? 0 : c;
+            const bool in = (ALIGNED ? q < vectors : q >= lo[n] && q < hi[n]) && live[c];
+            if (in) load_vec(b[u][c], column[c] + k0 + q * 4);
+            else fill_zero(b[u][c]);
         }
 }
 
 // C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
-// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
-// starts 16-byte aligned. C is read only where beta != 0.
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). The big operand is read in float4s from
+// 16-byte aligned addresses either way. Aligned (every row starts 16-byte aligned), a column's float4 q
+// holds its k = 4q .. 4q + 3. Unaligned, a column whose start lies `shift` floats past a 16-byte
+// boundary is read from that boundary: its float4 q holds k = 4q - shift .. 4q - shift + 3, and is
+// multiplied by the rows read `shift` floats back in the shared tile (which holds the 4 floats before
+// it too). Its up to 3 floats before the first whole float4 and after the last are multiplied after
+// the K loop, one by each of 6 lanes. C is read only where beta != 0.
 template <int R, bool ALIGNED>
 __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
 {
-    constexpr int V = ALIGNED ? 4 : 1;
-    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
-    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
+    constexpr int V = 4;  // floats per load of the big operand
+    // steps issued together (unaligned at 16 rows half as many: ptxas spilled the 2-column point there)
+    constexpr int U = ALIGNED || R < 16 || UNROLL == 1 ? UNROLL : UNROLL / 2;
+    constexpr int KT = (ALIGNED ? TILE_FLOATS : UNALIGNED_TILE_FLOATS) / R;  // K per shared tile (a multiple of 4)
+    constexpr int HALO = ALIGNED ? 0 : TILE_HALO;  // unaligned: the floats before the tile's first k too
+    constexpr int KS = KT + HALO;  // floats of a row's tile
+    constexpr int ROW = ALIGNED ? KT : KS + KS / 32;  // shared floats per row (unaligned: padded)
+    static_assert(R * ROW <= TILE_FLOATS, "the rows' tiles fit the shared array");
+    // Unaligned, a warp's columns are every GROUPS-th of the block's from its group's: where GROUPS is a
+    // multiple of 4 they share their shift (whatever the leading dimension), and a row's float4 is read
+    // once for all of them; else once per column.
+    constexpr bool ONE_SHIFT = ALIGNED || COLUMNS == 1 || GROUPS % 4 == 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp % GROUPS, slice = warp / GROUPS;
-    const int j0 = col0 + group * COLUMNS;  // the warp's first column
 
+    constexpr int SHIFTS = ONE_SHIFT ? 1 : COLUMNS;  // column c's shift is shift[ONE_SHIFT ? 0 : c]
+    int j[COLUMNS], shift[SHIFTS], first[SHIFTS], end[SHIFTS];  // first, end: the float4s wholly inside K
     const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
     bool live[COLUMNS];
 #pragma unroll
     for (int c = 0; c < COLUMNS; ++c) {
-        live[c] = j0 + c < cols;
-        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
+        j[c] = ALIGNED ? col0 + group * COLUMNS + c : col0 + group + GROUPS * c;
+        live[c] = j[c] < cols;
+        const float* start = G + (live[c] ? (long long)j[c] * ldg : 0);
+        const int n = ONE_SHIFT ? 0 : c;
+        if (c == n) {
+            shift[n] = ALIGNED ? 0 : (int)(reinterpret_cast<unsigned long long>(start) / 4 % 4);
+            first[n] = shift[n] > 0;
+            end[n] = (K + shift[n]) / V;
+        }
+        column[c] = start - shift[n];
     }
     // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
     // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
@@ -16465,20 +16663,38 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
 
     for (int k0 = 0; k0 < K; k0 += KT) {
-        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
+        // float4s of this tile: aligned, K is a multiple of 4; unaligned, those starting before K
+        const int vectors = (ALIGNED ? min(KT, K - k0) : min(KT, K - k0 + V - 1)) / V;
         __syncthreads();  // every warp is done with the last tile
-        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
-        // one wait, in place of a load and a store per vector, one L2 round trip after another.
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`, and
+        // unaligned before k 0 and from K on), then one wait, in place of a load and a store per
+        // vector, one L2 round trip after another.
+        if constexpr (ALIGNED) {
+            for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+                const int r = i / vectors, k = i % vectors * V;
+                cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+            }
+        } else {
+#pragma unroll 1
+            for (int r = 0; r < rows; ++r)  // a row at a time: no division, nothing per row kept over the passes
+                for (int i = threadIdx.x; i < KS; i += THREADS) {  // (rows past `rows`: never stored)
+                    const int k = k0 + i - HALO;
+                    const bool in = k >= 0 && k < K;
+                    cp_async<4>(s_rows + r * ROW + padded(i), in ? S + r * lds + k : S, in);
+                }
         }
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
+        int lo[SHIFTS], hi[SHIFTS];  // unaligned: the tile's float4s wholly inside each column (shift)
+#pragma unroll
+        for (int n = 0; n < SHIFTS; ++n) {
+            lo[n] = first[n] - k0 / V;
+            hi[n] = min(end[n] - k0 / V, vectors);
+        }
         for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
             float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
-            load_step<V, U>(b, column, live, k0, q0, vectors);
+            load_step<U, ALIGNED, SHIFTS>(b, column, live, lo, hi, k0, q0, vectors);
 #pragma unroll
             for (int u0 = 0; u0 < U; u0 += SPAN)
 #pragma unroll
@@ -16489,10 +16705,13 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
 #pragma unroll
                 for (int u = u0; u < u0 + SPAN; ++u) {
                     const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
-                    float a[V];  // one vector of row r, reused over the warp's columns
-                    load_vec<V>(a, s_rows + r * KT + q * V);
+                    const float* row = s_rows + r * ROW;
+                    const int at = HALO + q * V;  // its float4 q in the tile
+                    float a[V];  // one float4 of row r (shifted as the column), reused over the warp's columns
+                    if constexpr (ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[0]);
 #pragma unroll
                     for (int c = 0; c < COLUMNS; ++c) {
+                        if constexpr (!ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[ONE_SHIFT ? 0 : c]);
                         float& sum = BLOCKED ? part[c] : acc[r][c];
 #pragma unroll
                         for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
@@ -16502,6 +16721,21 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
 #pragma unroll
                     for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
                 }
+            }
+        }
+    }
+    if constexpr (!ALIGNED) {  // each column's floats before its first whole float4 ([0, head)) and after its last ([tail, K))
+        if (slice == 0 && lane < 6) {
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c) {
+                const int n = ONE_SHIFT ? 0 : c;
+                const int head = min(K, V * first[n] - shift[n]), tail = max(head, V * end[n] - shift[n]);
+                const int k = lane < 3 ? lane : tail + lane - 3;
+                if (!live[c] || k >= (lane < 3 ? head : K)) continue;
+                const float g = column[c][shift[n] + k];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < rows) acc[r][c] = fmaf(S[r * lds + k], g, acc[r][c]);
             }
         }
     }
@@ -16534,7 +16768,7 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
             float sum = sums[r][c];
             for (int s = 1; s < SLICES; ++s)
                 sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
-            float* out = C + r * c_row + (j0 + c) * c_col;
+            float* out = C + r * c_row + j[c] * c_col;
             *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
         }
     __syncthreads();  // s_part is free for the next pass
@@ -18327,66 +18561,66 @@ struct Model { const Point* points; int count; double coef[5]; double split_rati
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; int cluster_m, cluster_n; bool decode; int decode_products; };
 
 static const Point tf32_0_aligned[] = {
-    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09044203290959411, 1, 0.0, 0},
-    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10928139531439808, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10114365308686467, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19829563773669093, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.14599612027797484, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.12172416684163827, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.16822006431227338, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.10368348417168362, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.358509752703389, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.009382654191597657, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3106027158923782, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3133359615117114, 1, 0.0, 0},
-    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.3572308068543523, 1, 0.0, 0},
-    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.35132655598605195, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.6282011883867555, 1, 0.0, 0},
-    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.5920287247834052, 1, 0.0, 0},
-    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.09905534147131823, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.808145052638989, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.41636376798199004, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.34926468387206816, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.014917974817599646, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04705600067973137, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07321067823503372, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10809599980711937, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0071778727808093435, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20130941333789623, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1641321868757068, 1, 0.0, 0},
-    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10527401760364238, 1, 0.0, 0},
-    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.016858012226071688, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2671115437005748, 1, 0.0, 0},
-    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.36245624641013957, 1, 0.0, 0},
-    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3386382942621533, 1, 0.0, 0},
-    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4025788600397418, 1, 0.0, 0},
-    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.4358284353054237, 1, 0.0, 0},
-    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.3701917864575414, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.24442523236073022, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1895799605424742, 1, 0.0, 0},
-    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15956657317778555, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.17193658159128233, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.12738137786028192, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.15804005135039234, 1, 0.0, 0},
-    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.028253987944821334, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.054049986296181886, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6839422509071287, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.40517559796852576, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3720276853220955, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.1495687038601134, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5364554834690897, 1, 0.0, 1},
+    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09036300756020312, 1, 0.0, 0},
+    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10919483432645903, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10104890300977973, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19819695264302703, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.14589074209045108, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.12161482814856978, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.16832275997079424, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.10379032543276281, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.35861659396446816, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.009272749155430814, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3107126209285451, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3134458665478783, 1, 0.0, 0},
+    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.35733764811543145, 1, 0.0, 0},
+    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.35143339724713124, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.6283080296478347, 1, 0.0, 0},
+    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.5921355660444844, 1, 0.0, 0},
+    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.09916218273239741, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8082518939000681, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.4164706092430693, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.34937152513314745, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.01502787985376658, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04705600067973137, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07331751949611279, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10809599980711937, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0072886361545856735, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2012508152826525, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.16404936240127624, 1, 0.0, 0},
+    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10526208131711494, 1, 0.0, 0},
+    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.016841470973280176, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.26698798240870975, 1, 0.0, 0},
+    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.3623437269839209, 1, 0.0, 0},
+    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.338526679939061, 1, 0.0, 0},
+    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.40246587456946725, 1, 0.0, 0},
+    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.4357152133220835, 1, 0.0, 0},
+    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.37007957266500247, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.24431376844139716, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18946713144606148, 1, 0.0, 0},
+    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1594870820086669, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.17183872785298165, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.12727606833422733, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.1579346574232093, 1, 0.0, 0},
+    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.028312586000065056, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.05400642380120791, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6839587921599203, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4050663057651178, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3720896080336266, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14955399003628012, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5365608616566134, 1, 0.0, 1},
 };
 static const Point tf32_0_unaligned[] = {
-    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.00451226246963909, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.016474937747003437, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.015794114999034742, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.005169104017751119, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07023999840021133, 8.317766166719343, 0.0, 8.317766166719343, -0.2931437212090142, 1, 0.0, 0},
-    {1, 4096, 4096, 0.100832000374794, 0.0, 8.317766166719343, 8.317766166719343, 0.06856762083787626, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10904000326991081, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10303305791278794, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14665600657463074, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.06832739512414136, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08681599795818329, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.08508012348457261, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07849600166082382, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.0740263957933055, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02068516461510483, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.020793464100667007, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.004667886760727164, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.016277061824813942, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.015744740441564035, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.004884860307428518, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07023999840021133, 8.317766166719343, 0.0, 8.317766166719343, -0.29454325970465844, 1, 0.0, 0},
+    {1, 4096, 4096, 0.100832000374794, 0.0, 8.317766166719343, 8.317766166719343, 0.06716550057023518, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10904000326991081, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10226880674110435, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14665600657463074, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.06701780142886167, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08681599795818329, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.08642308709700672, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07849600166082382, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.07283682623848786, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02062712360651489, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.020469502403782407, 1, 0.0, 0},
 };
 static const Point tf32_1_aligned[] = {
     {256, 256, 256, 0.010127999819815159, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.44089583632946594, 1, 0.0, 0},
@@ -18437,80 +18671,80 @@ static const Point tf32_1_aligned[] = {
     {4092, 4092, 4092, 1.1701279878616333, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.15091211249839262, 1, 0.0, 1},
 };
 static const Point tf32_1_unaligned[] = {
-    {2047, 2047, 2047, 0.2603679895401001, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.00962697307236273, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.14235199987888336, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.083500604969617, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.130703926086426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.008582322238124673, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03799999877810478, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08775758139157429, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04678399860858917, 8.317766166719343, 0.0, 8.317766166719343, -0.19448539464406786, 1, 0.0, 0},
-    {1, 4096, 4096, 0.045791998505592346, 0.0, 8.317766166719343, 8.317766166719343, 0.010865342645970897, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10409600287675858, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.15664861851320064, 1, 0.0, 0},
-    {8, 6144, 6144, 0.09518400207161903, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1805792454907742, 1, 0.0, 0},
-    {4096, 12, 4096, 0.05875200033187866, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.0025572631575121385, 1, 0.0, 0},
-    {13, 5000, 3001, 0.056384000927209854, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.07485517571290286, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5580000281333923, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10801346499616749, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05961599946022034, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0033854242448054577, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2603679895401001, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.009812278648619641, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.14235199987888336, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0831900809408717, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.130703926086426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.008123518537697284, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03799999877810478, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08700834007485715, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04678399860858917, 8.317766166719343, 0.0, 8.317766166719343, -0.1972734489331665, 1, 0.0, 0},
+    {1, 4096, 4096, 0.045791998505592346, 0.0, 8.317766166719343, 8.317766166719343, 0.01109777288102071, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10409600287675858, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.15565574855149963, 1, 0.0, 0},
+    {8, 6144, 6144, 0.09518400207161903, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1788025018384346, 1, 0.0, 0},
+    {4096, 12, 4096, 0.05875200033187866, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.00020373595443750654, 1, 0.0, 0},
+    {13, 5000, 3001, 0.056384000927209854, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.07316664651718637, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5580000281333923, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10753217186968816, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05961599946022034, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.003399664559181789, 1, 0.0, 0},
 };
 static const Point tf32_2_aligned[] = {
-    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1775155854482693, 1, 0.0, 0},
-    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10794004320074453, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09289427059761632, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.04899200052022934, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05087630644281055, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.3819520026445389, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0525863191446913, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.0774399042129517, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09752246479598063, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.1987679973244667, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.008689525050055678, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07923199981451035, 0.0, 8.317766166719343, 8.317766166719343, -0.08597584701152299, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08595199882984161, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.013444861775188959, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15084800124168396, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0825470098865588, 1, 0.0, 0},
-    {128, 8192, 8192, 0.1613280028104782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02994618636016251, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19182399660348892, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.13496333282400494, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07846400141716003, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.09767169974546433, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08580799773335457, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.019055774100063323, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09587199985980988, 0.0, 9.306377560173125, 8.317766166719343, 0.09127290045306267, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09438400343060493, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.07505395869468978, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07948800176382065, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.08321596411127279, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10951999947428703, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21766503435037074, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0782880000770092, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.09892449272572412, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08614400029182434, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.010597421061149217, 1, 0.0, 0},
-    {12, 4096, 8192, 0.14899200201034546, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.09322257258026498, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07868800312280655, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09298967137075188, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1972160041332245, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.09348478246440763, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06159999966621399, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0681720609572569, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2199680060148239, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.07729707662634175, 1, 0.0, 0},
-    {8192, 8192, 256, 0.15689599514007568, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0556915021219998, 1, 0.0, 0},
-    {2048, 2048, 128, 0.012959999963641167, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.08976900114331143, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11099200323224068, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.080973174683367, 1, 0.0, 0},
-    {256, 256, 32768, 0.5901599824428558, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05234453168728614, 1, 0.0, 0},
-    {512, 512, 16384, 0.2925119996070862, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.0806571288401503, 1, 0.0, 0},
-    {128, 1024, 65536, 1.1408479809761047, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.08060092591236985, 1, 0.0, 0},
-    {64, 64, 131072, 2.2789599895477295, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.07500299662563205, 1, 0.0, 0},
-    {384, 384, 24576, 0.43062400817871094, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08720990942733109, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.29814401268959045, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11586061066859565, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8829759955406189, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07462694981250385, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024831999093294144, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.006127233191490396, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14051200449466705, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.030155580811689627, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0821920037269592, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.092279482734226, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.36612799763679504, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02171080001183943, 1, 0.0, 0},
-    {512, 512, 512, 0.07999999821186066, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.19319268624401273, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.06857600063085556, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.06956987152216401, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02571200020611286, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2961544956896614, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06828799843788147, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.24629384050069889, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07494399696588516, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15964945707962844, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08035200089216232, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.05789887769964953, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.5530399978160858, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.4228992991308707, 1, 0.0, 1},
+    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.17759685833111832, 1, 0.0, 0},
+    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10806162904762054, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09302062677773795, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.04899200052022934, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.050852219253443, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.3819520026445389, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.052609814806128814, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.0774399042129517, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0975468805144316, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.1987679973244667, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.008734544832108806, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07923199981451035, 0.0, 8.317766166719343, 8.317766166719343, -0.0861944016619942, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08595199882984161, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.013636671998785793, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15084800124168396, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.08277251259334592, 1, 0.0, 0},
+    {128, 8192, 8192, 0.1613280028104782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.030127832363016246, 1, 0.0, 0},
+    {8192, 128, 8192, 0.19182399660348892, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.13480618382382972, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07846400141716003, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.09788434295026961, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08580799773335457, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.019235808112050754, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09587199985980988, 0.0, 9.306377560173125, 8.317766166719343, 0.09109457800177669, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09438400343060493, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.07487735727589737, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07948800176382065, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.0834331091797191, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10951999947428703, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21750665304281813, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0782880000770092, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.09914013568463738, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08614400029182434, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.010791079696907655, 1, 0.0, 0},
+    {12, 4096, 8192, 0.14899200201034546, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.09345324917344126, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07868800312280655, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09320785000442361, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1972160041332245, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.09371997713373027, 1, 0.0, 0},
+    {4096, 4096, 512, 0.06159999966621399, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06815876414098394, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2199680060148239, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.07728596226063711, 1, 0.0, 0},
+    {8192, 8192, 256, 0.15689599514007568, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.05568843505181205, 1, 0.0, 0},
+    {2048, 2048, 128, 0.012959999963641167, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0897874674523357, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11099200323224068, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08096215623361644, 1, 0.0, 0},
+    {256, 256, 32768, 0.5901599824428558, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05260923771016834, 1, 0.0, 0},
+    {512, 512, 16384, 0.2925119996070862, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08090278665482556, 1, 0.0, 0},
+    {128, 1024, 65536, 1.1408479809761047, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.08086260457421755, 1, 0.0, 0},
+    {64, 64, 131072, 2.2789599895477295, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.07527515471203229, 1, 0.0, 0},
+    {384, 384, 24576, 0.43062400817871094, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08746566252899346, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.29814401268959045, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11594497749506999, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8829759955406189, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07481816931468921, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024831999093294144, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.006115684465915598, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14051200449466705, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.030153593032775237, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0821920037269592, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09229686512770771, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.36612799763679504, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.021702268294120017, 1, 0.0, 0},
+    {512, 512, 512, 0.07999999821186066, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.19320598306028552, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.06857600063085556, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.0695674474284936, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02571200020611286, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.29613793015961287, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06828799843788147, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.24628582573330285, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07494399696588516, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15957262496259253, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08035200089216232, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.057894291513588644, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.5530399978160858, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.42292230020096055, 1, 0.0, 1},
 };
 static const Point tf32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.20336000621318817, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.048957582055209455, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11952000111341476, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.24612957135093638, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.672144055366516, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.04098039625647753, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03340800106525421, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0992960627359354, 1, 0.0, 0},
-    {4096, 1, 4096, 0.08710400015115738, 8.317766166719343, 0.0, 8.317766166719343, 0.1529289235499194, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10073599964380264, 0.0, 8.317766166719343, 8.317766166719343, 0.29976698750382247, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10878400132060051, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.14331557653659135, 1, 0.0, 0},
-    {8, 6144, 6144, 0.15123200416564941, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.15880804980536642, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08736000210046768, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.12474740214250164, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07852800190448761, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21639297494981843, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4909279942512512, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.010207086484462764, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.034912001341581345, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1454651124213722, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20336000621318817, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.04828734631006929, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11952000111341476, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.24579454137259685, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.672144055366516, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.041123729321561574, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03340800106525421, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09959896375410159, 1, 0.0, 0},
+    {4096, 1, 4096, 0.08710400015115738, 8.317766166719343, 0.0, 8.317766166719343, 0.15683252741361442, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10073599964380264, 0.0, 8.317766166719343, 8.317766166719343, 0.30367848378614587, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10878400132060051, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.14162904253869124, 1, 0.0, 0},
+    {8, 6144, 6144, 0.15123200416564941, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.16222940788348308, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08736000210046768, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.1284829490045661, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07852800190448761, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21931679124041192, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4909279942512512, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009869154964232714, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.034912001341581345, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14563164477573579, 1, 0.0, 0},
 };
 static const Point tf32_3_aligned[] = {
     {1, 4096, 4096, 0.03750399872660637, 0.0, 8.317766166719343, 8.317766166719343, 0.012189326192988043, 1, 0.0, 0},
@@ -18534,502 +18768,523 @@ static const Point tf32_3_unaligned[] = {
     {13, 5000, 3001, 0.05651199817657471, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.37724600600151564, 1, 0.0, 0},
 };
 static const Point tf32_4_aligned[] = {
-    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2019757433459538, 1, 0.0, 0},
-    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.052242940125806346, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.1866566062107476, 1, 0.0, 0},
-    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.25426255269025855, 1, 0.0, 0},
-    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.4150088359664585, 1, 0.0, 0},
-    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.32689659686575634, 1, 0.0, 0},
-    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2870607613341915, 1, 0.0, 0},
-    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.06941512479859159, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.15286286746046435, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1639352750091825, 1, 0.0, 0},
-    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.16827856616305967, 1, 0.0, 0},
-    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.16799942504405962, 1, 0.0, 0},
-    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.464256873006189, 1, 0.0, 0},
-    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.22426373416909146, 1, 0.0, 0},
-    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.08496175970847987, 1, 0.0, 0},
-    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05347513119366601, 1, 0.0, 0},
-    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10952442743201625, 1, 0.0, 0},
-    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08819967811407955, 1, 0.0, 0},
-    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.006881843724985151, 1, 0.0, 0},
-    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03742943761757981, 1, 0.0, 0},
-    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.11736648313781477, 1, 0.0, 0},
-    {5, 4096, 4096, 0.11848000064492226, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.08892119133029616, 1, 0.0, 0},
-    {3, 4096, 11008, 0.14083200693130493, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.021183069257106602, 1, 0.0, 0},
-    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.5153243597643028, 1, 0.0, 0},
-    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.5273362232863399, 1, 0.0, 0},
-    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.5350611358470252, 1, 0.0, 0},
-    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.2723249091508956, 1, 0.0, 0},
-    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.5288448796275512, 1, 0.0, 0},
-    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06652851263491785, 1, 0.0, 0},
-    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06905543825973581, 1, 0.0, 0},
-    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.041560052435257656, 1, 0.0, 0},
-    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.005177247846514172, 1, 0.0, 0},
-    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.038908331508536925, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.07985749628504728, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06722224312773714, 1, 0.0, 0},
-    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.2617445118874433, 1, 0.0, 0},
-    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.3163715644825671, 1, 0.0, 0},
-    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.47704364171721964, 1, 0.0, 0},
-    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.5114703759964673, 1, 0.0, 0},
-    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.5104974817022496, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5175140619025038, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.28895699297057154, 256, 5.545177444479562, 0},
-    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5174469766408922, 128, 4.852030263919617, 0},
-    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2874325718230089, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.5189643894589118, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6147586527914373, 1, 0.0, 1},
+    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.20197170254719812, 1, 0.0, 0},
+    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.052264572017577504, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.18668980236473726, 1, 0.0, 0},
+    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.2542996516832562, 1, 0.0, 0},
+    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.4150470893909518, 1, 0.0, 0},
+    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3269356908817779, 1, 0.0, 0},
+    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.28709704082946724, 1, 0.0, 0},
+    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.06963633938389646, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1526900508240089, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16396106778712954, 1, 0.0, 0},
+    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1683139436321539, 1, 0.0, 0},
+    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.16803480251315378, 1, 0.0, 0},
+    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.4641675949381536, 1, 0.0, 0},
+    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.2241979038897368, 1, 0.0, 0},
+    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.08470140801913266, 1, 0.0, 0},
+    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05325435789490886, 1, 0.0, 0},
+    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10937021500885719, 1, 0.0, 0},
+    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08795014710003175, 1, 0.0, 0},
+    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.006727631301826012, 1, 0.0, 0},
+    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03720525872141988, 1, 0.0, 0},
+    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.11721041565464287, 1, 0.0, 0},
+    {5, 4096, 4096, 0.11848000064492226, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.08912390883101336, 1, 0.0, 0},
+    {3, 4096, 11008, 0.14083200693130493, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.02136800153489734, 1, 0.0, 0},
+    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.5153618285454555, 1, 0.0, 0},
+    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.5273739486008872, 1, 0.0, 0},
+    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.5350987379970745, 1, 0.0, 0},
+    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.27236149902686513, 1, 0.0, 0},
+    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.5288824337141258, 1, 0.0, 0},
+    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06651003161347925, 1, 0.0, 0},
+    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06902664503251513, 1, 0.0, 0},
+    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.0415913579107306, 1, 0.0, 0},
+    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.005175144315869198, 1, 0.0, 0},
+    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.03888045639689784, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.07989638961807886, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06718233621363838, 1, 0.0, 0},
+    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.2617811935713026, 1, 0.0, 0},
+    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.3164092575074098, 1, 0.0, 0},
+    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.47708203475093286, 1, 0.0, 0},
+    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.51150855872773, 1, 0.0, 0},
+    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.5105349504834024, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5175515655929693, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.28899358284654103, 256, 5.545177444479562, 0},
+    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5174844640735391, 128, 4.852030263919617, 0},
+    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.28746926967525865, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.5190019254125838, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6147963942923863, 1, 0.0, 1},
 };
 static const Point tf32_4_unaligned[] = {
-    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.049062012326070416, 1, 0.0, 0},
-    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.06527423680162743, 1, 0.0, 0},
-    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.30952952312776333, 1, 0.0, 0},
-    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0554407496073345, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.22014318757868453, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, 0.003899238791074964, 1, 0.0, 0},
-    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.14710870551200056, 1, 0.0, 0},
-    {8, 6144, 6144, 0.15110400319099426, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.01797279648278885, 1, 0.0, 0},
-    {4096, 12, 4096, 0.20131200551986694, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.4402862615502897, 1, 0.0, 0},
-    {13, 5000, 3001, 0.13815999776124954, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.07423799305476325, 1, 0.0, 0},
-    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.292429701526809, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04002065843354809, 1, 0.0, 0},
+    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.045549677595335625, 1, 0.0, 0},
+    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.06190287705254245, 1, 0.0, 0},
+    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.30586776212461814, 1, 0.0, 0},
+    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05782705355482342, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.2219951352706841, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, 0.005751186483074688, 1, 0.0, 0},
+    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.14565610768342402, 1, 0.0, 0},
+    {8, 6144, 6144, 0.15110400319099426, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.01777368017156346, 1, 0.0, 0},
+    {4096, 12, 4096, 0.20131200551986694, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.44108815665940143, 1, 0.0, 0},
+    {13, 5000, 3001, 0.13815999776124954, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.0739808306492742, 1, 0.0, 0},
+    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.2887796947077142, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.03702214353426696, 1, 0.0, 0},
 };
 static const Point tf32_5_aligned[] = {
-    {256, 256, 256, 0.01398400031030178, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.145181403219654, 1, 0.0, 0},
-    {512, 512, 512, 0.013535999692976475, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.29329017523179235, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01889600045979023, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15710304015238302, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08352000266313553, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1412428833915967, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5606080293655396, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09150479462533101, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.41158390045166, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.004489499577124718, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.2727999985218048, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0018147422527176682, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04623999819159508, 0.0, 8.317766166719343, 8.317766166719343, 0.0078896346455223, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06697600334882736, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3783788456545004, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07335999980568886, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.055734266552646086, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11097600311040878, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.35820089789366116, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11158400028944016, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.36366458123504103, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04540799930691719, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.010267264895315589, 1, 0.0, 0},
-    {80, 8192, 4096, 0.06576000154018402, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.36005622355971806, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.20513802402133796, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10025600343942642, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.17961279496629828, 1, 0.0, 0},
-    {16, 4096, 4096, 0.08377600088715553, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.602191030267553, 1, 0.0, 0},
-    {4, 14336, 4096, 0.14153599739074707, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5244399291407342, 1, 0.0, 0},
-    {4096, 16, 4096, 0.045951999723911285, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.00164181680806491, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06811199709773064, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3951978158660493, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0785600021481514, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.012749599538174837, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04552000015974045, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.007803757282183939, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10804799944162369, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.08392313404025845, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16099199652671814, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05851046294826335, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.4941439926624298, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.011652887101535723, 1, 0.0, 0},
-    {8192, 8192, 256, 0.5331199765205383, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.017465627714676375, 1, 0.0, 0},
-    {2048, 2048, 128, 0.03705599904060364, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.007609345048456804, 1, 0.0, 0},
-    {16384, 4096, 64, 0.4902399927377701, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1303879625822487, 1, 0.0, 0},
-    {256, 256, 32768, 0.1685439944267273, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4626460830501401, 1, 0.0, 0},
-    {512, 512, 16384, 0.0920960009098053, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.42550999124233113, 1, 0.0, 0},
-    {128, 1024, 65536, 0.3253920078277588, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4711005982071453, 1, 0.0, 0},
-    {64, 64, 131072, 0.5949279963970184, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5471331480727607, 1, 0.0, 0},
-    {384, 384, 24576, 0.12988799810409546, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.45300160506397186, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.32255999743938446, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2321877659705003, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.2975519895553589, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.28189353490594016, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05132799968123436, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09742236693068114, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.2451840043067932, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.021683662056268822, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.0264639854431152, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.23651380126845073, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.7244479954242706, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.29656065686014416, 1, 0.0, 0},
-    {512, 512, 512, 0.1868640035390854, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09051598279265399, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.27059200406074524, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1269091893778019, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.047168001532554626, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.24889481804664976, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.2760159969329834, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2155449131095086, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11207999661564827, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.22680445464314622, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.27588799595832825, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.02146462158183955, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7992480099201202, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.26314454194235476, 1, 0.0, 1},
+    {256, 256, 256, 0.01398400031030178, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1451733304164105, 1, 0.0, 0},
+    {512, 512, 512, 0.013535999692976475, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2932892071197023, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01889600045979023, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15711246299455134, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08352000266313553, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.14137913300731356, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5606080293655396, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09163069992994775, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.41158390045166, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0043918951064483005, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.2727999985218048, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.001952545030810088, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04623999819159508, 0.0, 8.317766166719343, 8.317766166719343, 0.007855547302656864, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06697600334882736, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.378344758311635, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07335999980568886, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05577772818026766, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11097600311040878, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3581574362660395, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11158400028944016, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3636211196074195, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04540799930691719, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.01030135223818098, 1, 0.0, 0},
+    {80, 8192, 4096, 0.06576000154018402, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.36002213621685253, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.20505904763223826, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10025600343942642, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.17953381857719844, 1, 0.0, 0},
+    {16, 4096, 4096, 0.08377600088715553, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.6021569429246876, 1, 0.0, 0},
+    {4, 14336, 4096, 0.14153599739074707, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5243609527516345, 1, 0.0, 0},
+    {4096, 16, 4096, 0.045951999723911285, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0016077294651995068, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06811199709773064, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3951637285231839, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0785600021481514, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.012706137910553247, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04552000015974045, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.007837844625049474, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10804799944162369, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.08387669643152935, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16099199652671814, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.058815346249046274, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.4941439926624298, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.011402701627453932, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5331199765205383, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.017068531579175, 1, 0.0, 0},
+    {2048, 2048, 128, 0.03705599904060364, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.007345123505714265, 1, 0.0, 0},
+    {16384, 4096, 64, 0.4902399927377701, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.12991692872990496, 1, 0.0, 0},
+    {256, 256, 32768, 0.1685439944267273, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.46269918382743086, 1, 0.0, 0},
+    {512, 512, 16384, 0.0920960009098053, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.425559555523941, 1, 0.0, 0},
+    {128, 1024, 65536, 0.3253920078277588, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.47115561163699465, 1, 0.0, 0},
+    {64, 64, 131072, 0.5949279963970184, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.547189157417119, 1, 0.0, 0},
+    {384, 384, 24576, 0.12988799810409546, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.4530534860797491, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.32255999743938446, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.23225642264744298, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.2975519895553589, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.28194789931878766, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05132799968123436, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09761407001189196, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.2451840043067932, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.021851867642453743, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.0264639854431152, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.23638333183452373, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.7244479954242706, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.296435794414299, 1, 0.0, 0},
+    {512, 512, 512, 0.1868640035390854, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09021109949187096, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.27059200406074524, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.12648062956073322, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.047168001532554626, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.24863059650390693, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.2760159969329834, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21508990205503442, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11207999661564827, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.22653270630273575, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.27588799595832825, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.021079653549233503, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7992480099201202, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.263018636637738, 1, 0.0, 1},
 };
 static const Point tf32_5_unaligned[] = {
-    {2047, 2047, 2047, 0.22782400250434875, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04204875739340198, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12531200051307678, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.025691337749210636, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.9308159351348877, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.032498479267145365, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03207999840378761, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0452097224059789, 1, 0.0, 0},
-    {4096, 1, 4096, 0.045744000002741814, 8.317766166719343, 0.0, 8.317766166719343, -0.15119781200058907, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06169600039720535, 0.0, 8.317766166719343, 8.317766166719343, 0.1479606577857025, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.05289619530687122, 1, 0.0, 0},
-    {8, 6144, 6144, 0.0907519981265068, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.03619355382392725, 1, 0.0, 0},
-    {4096, 12, 4096, 0.05686400085687637, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.033335380929075994, 1, 0.0, 0},
-    {13, 5000, 3001, 0.05305600166320801, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.08431153667203949, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6540000438690186, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0021716688111024073, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04944000020623207, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.09715911365063658, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.22782400250434875, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.042113775003533784, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12531200051307678, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.025795669723821336, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.9308159351348877, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.032897975206694435, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03207999840378761, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.045275617695216805, 1, 0.0, 0},
+    {4096, 1, 4096, 0.045744000002741814, 8.317766166719343, 0.0, 8.317766166719343, -0.1496887267732323, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06169600039720535, 0.0, 8.317766166719343, 8.317766166719343, 0.1494697430130593, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.05370357656347773, 1, 0.0, 0},
+    {8, 6144, 6144, 0.0907519981265068, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.03732560820380977, 1, 0.0, 0},
+    {4096, 12, 4096, 0.05686400085687637, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.03476860238982453, 1, 0.0, 0},
+    {13, 5000, 3001, 0.05305600166320801, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.08482417810195071, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6540000438690186, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0017889747641301904, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04944000020623207, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.09760534652083255, 1, 0.0, 0},
 };
 static const Point tf32_6_aligned[] = {
-    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2051343239822883, 1, 0.0, 0},
-    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0809269368312884, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10517718773603066, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08606967752267197, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06545494428912213, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.03141732937704404, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.051130203003854804, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.11105630231222367, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0895711732404863, 1, 0.0, 0},
-    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.15763714100052617, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.01614669151350933, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.021853690144663013, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06776352263845725, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.04418124220101241, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.27406372206905766, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2287066878883884, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12253965831624891, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.43666355684814157, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05373931454911765, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10425461172233859, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.1789987525978501, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06404800340533257, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.1600485937706223, 1, 0.0, 0},
-    {3, 4096, 11008, 0.15545600652694702, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.20389319215626234, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1199189222142178, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.05928317820324681, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.025060605371968088, 1, 0.0, 0},
-    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.026731287875715513, 1, 0.0, 0},
-    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08969130827859755, 1, 0.0, 0},
-    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25298490095352894, 1, 0.0, 0},
-    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.22004499896603671, 1, 0.0, 0},
-    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.238579276031244, 1, 0.0, 0},
-    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24143840435081323, 1, 0.0, 0},
-    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.24612605789302355, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12108288314513037, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23518836648563163, 1, 0.0, 0},
-    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09827193655772651, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.052380005634989776, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09176380960275085, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.09601388493488174, 1, 0.0, 0},
-    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.10216992038793801, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.005515905007489471, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5424962351966214, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21347989682937546, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3235974256734767, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07773856986576456, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.36769599580443857, 1, 0.0, 1},
+    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.20495645335692855, 1, 0.0, 0},
+    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08109894211158807, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10534377079448802, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08621039857236776, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06559507518842361, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.03127055437187029, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.050990187234027186, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.11121626241220858, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0894112131405014, 1, 0.0, 0},
+    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.1577956340340238, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.016305184547006964, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.021695197111165354, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0679234827384422, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0440212821010275, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.27390376196907285, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.22854672778840343, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12269961841623384, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4365035967481566, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05389927464910257, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10409465162235372, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.17915724563134774, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06404800340533257, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.16020855387060726, 1, 0.0, 0},
+    {3, 4096, 11008, 0.15545600652694702, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.20405128746784174, 1, 0.0, 0},
+    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.11997914284130876, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.059374879761252296, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.025037353371616767, 1, 0.0, 0},
+    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02666219132369127, 1, 0.0, 0},
+    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08983947943458079, 1, 0.0, 0},
+    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25314219985908704, 1, 0.0, 0},
+    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.22020270549554577, 1, 0.0, 0},
+    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.23873636737770268, 1, 0.0, 0},
+    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24159539096078597, 1, 0.0, 0},
+    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2462834937722653, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12124058967463938, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2353455273005482, 1, 0.0, 0},
+    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09839338340027556, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.052509119104514224, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09162616001154775, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.09587293195738868, 1, 0.0, 0},
+    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.10210969976084708, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.005590696019942202, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.542427138644597, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21360639096231537, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.32352386635955244, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07772788298164707, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.367555864905137, 1, 0.0, 1},
 };
 static const Point tf32_6_unaligned[] = {
-    {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.002994551324055256, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11495999991893768, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.26011421244484034, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6779520511627197, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.01120082897290853, 1, 0.0, 0},
-    {127, 4099, 1023, 0.0339680016040802, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09405437488301718, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07596799731254578, 8.317766166719343, 0.0, 8.317766166719343, -0.03357772843092325, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10060799866914749, 0.0, 8.317766166719343, 8.317766166719343, 0.24802166346775154, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10867200046777725, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.10121601095164207, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14652800559997559, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.11222393194955485, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08591999858617783, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.06588781109931642, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07772800326347351, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.17681865005104894, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4453759789466858, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.016448923307787484, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13740334807928947, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0030328759655526075, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11495999991893768, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.25965268809492664, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6779520511627197, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.011397253210562796, 1, 0.0, 0},
+    {127, 4099, 1023, 0.0339680016040802, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09433339600681222, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07596799731254578, 8.317766166719343, 0.0, 8.317766166719343, -0.03108585460312656, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10060799866914749, 0.0, 8.317766166719343, 8.317766166719343, 0.2505163391675534, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10867200046777725, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.10015145388811879, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14652800559997559, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1144149078818688, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08591999858617783, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.06828343332485208, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07772800326347351, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.17872047538391955, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4453759789466858, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.016651945347955634, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1375867363264662, 1, 0.0, 0},
 };
 static const Point tf32_7_aligned[] = {
-    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15364346054116398, 1, 0.0, 0},
-    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08219598749554656, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06512536230714648, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07365653294957204, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.026609494218244552, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09981813506207017, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022553590500790487, 1, 0.0, 0},
-    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.03309736188357938, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.006743989197812894, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02561696036832288, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0073817859331762135, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.017630889607677426, 1, 0.0, 0},
-    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.03453317058226754, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.005148030253985799, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.1317446462455264, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04628817919311574, 1, 0.0, 0},
-    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.020524086618146708, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.17479065094423082, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.022291192266100192, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.008481463315845659, 1, 0.0, 0},
-    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.034835066417237534, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07887999713420868, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.049038755756241906, 1, 0.0, 0},
-    {3, 4096, 11008, 0.19737599790096283, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.04087571524192986, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.02639150834226352, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04123663339098729, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.007463599671028616, 1, 0.0, 0},
-    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07468216143354085, 1, 0.0, 0},
-    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.01827783859514923, 1, 0.0, 0},
-    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.021929261305275668, 1, 0.0, 0},
-    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.02141657840697875, 1, 0.0, 0},
-    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.000888885827634632, 1, 0.0, 0},
-    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0023974942862909857, 1, 0.0, 0},
-    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.004654791974388526, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09934752234479728, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.016807327306916156, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.037922289556076356, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03718514120301572, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.02154636412095688, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006634132121644545, 1, 0.0, 0},
-    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23125134993457871, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.0775321476124276, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.11495628814892243, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15701003279584363, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1916761812268025, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.026406138774546253, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09723940821395852, 1, 0.0, 1},
+    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15372163771027453, 1, 0.0, 0},
+    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08231038639120117, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06524775048396775, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0736598238332162, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.026606190437496086, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09981438010104106, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02261023457595762, 1, 0.0, 0},
+    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.03328506982496757, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.006599948555439019, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02581131159427913, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.00751652347031576, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.017786695335636444, 1, 0.0, 0},
+    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.034737103223857015, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.005013879093491392, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.13162525617007942, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.046170197872978436, 1, 0.0, 0},
+    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.020710549530120543, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.17470252183217763, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.02249785238444798, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.008335863945133451, 1, 0.0, 0},
+    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.035034036620930846, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07887999713420868, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0492261314674417, 1, 0.0, 0},
+    {3, 4096, 11008, 0.19737599790096283, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.041078875675802574, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.026390370957372532, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04124171185780868, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.00746838838941808, 1, 0.0, 0},
+    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07468227652882667, 1, 0.0, 0},
+    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.018287233414819675, 1, 0.0, 0},
+    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02167364769304788, 1, 0.0, 0},
+    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.021179482587261513, 1, 0.0, 0},
+    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0011354598683483304, 1, 0.0, 0},
+    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0021347528908510945, 1, 0.0, 0},
+    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.004899362930436758, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09944125261475138, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.016994919996619645, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03793271825369403, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03720291572424475, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.02153865087852481, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006662532893902828, 1, 0.0, 0},
+    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23125248731946965, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.077538916254739, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.1149797529668433, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15701861664921196, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.19161064442998815, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.026401808665115392, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09723572052298143, 1, 0.0, 1},
 };
 static const Point tf32_7_unaligned[] = {
-    {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.1751742053527833, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.3825649063479917, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.14278290162672175, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.03198780851127696, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07977599650621414, 8.317766166719343, 0.0, 8.317766166719343, 0.5976155374881804, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10332799702882767, 0.0, 8.317766166719343, 8.317766166719343, 0.4061582106086902, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.3619239731051314, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14695999771356583, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.09888431925668591, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08577599748969078, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.6222468996081476, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07769600301980972, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.18439195718156237, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.14823163746804927, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0541422525013702, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.17550413733357415, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.3830025687871356, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.14306217738218582, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.03126448111464513, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07977599650621414, 8.317766166719343, 0.0, 8.317766166719343, 0.5982326835004063, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10332799702882767, 0.0, 8.317766166719343, 8.317766166719343, 0.4066346629747995, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.36158680022159023, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14695999771356583, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.09924128478667767, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08577599748969078, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.6228458953978346, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07769600301980972, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.18488458966990853, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.148514018884892, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05345812641325578, 1, 0.0, 0},
 };
 static const Point tf32_8_aligned[] = {
-    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.027752270263331193, 1, 0.0, 0},
-    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.038834714579298116, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.2026558144606768, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.3808732389735085, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.2444428975734949, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12005703498823114, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1887878277231686, 1, 0.0, 0},
-    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.06266000580188258, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3971639908106473, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.11090704014724645, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.14277696338046597, 1, 0.0, 0},
-    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.18489756352057274, 1, 0.0, 0},
-    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.015469097651030326, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.2872158065474092, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.16906783695315908, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11728727281422974, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04032534717519401, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4014252914279618, 1, 0.0, 0},
-    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03243836909694813, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.47217152807492707, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.04717655187540544, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04919999837875366, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04685062966224918, 1, 0.0, 0},
-    {3, 4096, 11008, 0.12006399780511856, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.005022622889195849, 1, 0.0, 0},
-    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.36850543050118245, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.28290611909618874, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.2646253334199028, 1, 0.0, 0},
-    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.18535066621174445, 1, 0.0, 0},
-    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.26330972025244126, 1, 0.0, 0},
-    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.49670603294748766, 1, 0.0, 0},
-    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.45578567280168375, 1, 0.0, 0},
-    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.49456979212259605, 1, 0.0, 0},
-    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5235700105914735, 1, 0.0, 0},
-    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.47625941193540317, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.36210936772645563, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.4026257840722868, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3132258105387617, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0338501640404165, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.13652000993781138, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.11837442609011779, 1, 0.0, 0},
-    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12923762375709866, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.22317800204914318, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5319895883451915, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5052830445004072, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.38750687268994893, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.10655808994718473, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09947887649512525, 1, 0.0, 1},
+    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.027700594911574148, 1, 0.0, 0},
+    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03879162173976328, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.2026332284710052, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.38085727978848255, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.24442491600054084, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12007680889141523, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1887708619393932, 1, 0.0, 0},
+    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.06268604777531397, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3971900327840786, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.11088302399885114, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.14279888181888226, 1, 0.0, 0},
+    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.18487564508215643, 1, 0.0, 0},
+    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.015495139624461725, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.28723783475081194, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.1690898651565617, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.1173093010176324, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04035138914862535, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.40144731963136454, 1, 0.0, 0},
+    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03246441107037956, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4721975700483584, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.047152535727010135, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04919999837875366, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04687667163568063, 1, 0.0, 0},
+    {3, 4096, 11008, 0.12006399780511856, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.005046091693172832, 1, 0.0, 0},
+    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.36851117301074504, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.28289953591879663, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.26465687965281287, 1, 0.0, 0},
+    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.18531645735359617, 1, 0.0, 0},
+    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.26319404338539426, 1, 0.0, 0},
+    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4966836577867988, 1, 0.0, 0},
+    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.4557627382766225, 1, 0.0, 0},
+    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4945477014689702, 1, 0.0, 0},
+    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5235480634219453, 1, 0.0, 0},
+    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.47623684890390194, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.3620881603055713, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.4026039615293528, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.31321851219890484, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03383562793399587, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.13653781815305438, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.11839244759458739, 1, 0.0, 0},
+    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12924336626666136, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2231124186348776, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5319553794870432, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5051724678348414, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3875080603004441, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.10658831011367308, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09949685806807919, 1, 0.0, 1},
 };
 static const Point tf32_8_unaligned[] = {
-    {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022613624635196942, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.1332691133211678, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.014517346301359457, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.15284270833683555, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04982399940490723, 8.317766166719343, 0.0, 8.317766166719343, -0.20388156078715555, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10096000134944916, 0.0, 8.317766166719343, 8.317766166719343, 0.502346067664234, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10942399874329567, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03420150891926132, 1, 0.0, 0},
-    {8, 6144, 6144, 0.1475200057029724, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.5676356015247255, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08577599748969078, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.3376805803625657, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07755200192332268, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.44614448224396025, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0007910142020285422, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15217844443760734, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022494518768084327, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13310272837594891, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.014351666107234836, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.15270004593940656, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04982399940490723, 8.317766166719343, 0.0, 8.317766166719343, -0.20540524460480516, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10096000134944916, 0.0, 8.317766166719343, 8.317766166719343, 0.5008223838465843, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10942399874329567, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03289642501979261, 1, 0.0, 0},
+    {8, 6144, 6144, 0.1475200057029724, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.5663840828756902, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08577599748969078, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.3362484100551792, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07755200192332268, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.4449467703089388, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.000630666902200911, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15223563300485865, 1, 0.0, 0},
 };
 static const Point tf32_9_aligned[] = {
-    {256, 256, 256, 0.011327999643981457, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.47571648872764066, 1, 0.0, 0},
-    {512, 512, 512, 0.01708799973130226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.4925484962629254, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04686399921774864, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6459228409330421, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2053920030593872, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.600873707408982, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.0950400233268738, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.4946130037074119, 1, 0.0, 0},
-    {8192, 8192, 8192, 8.238815784454346, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.18945450913272163, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5553440153598785, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.4732467049584121, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04396799951791763, 0.0, 8.317766166719343, 8.317766166719343, 0.19727925556328593, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07360000163316727, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1452353480006426, 1, 0.0, 0},
-    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.3443173520879832, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15803200006484985, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.062494650297434236, 1, 0.0, 0},
-    {8192, 128, 8192, 0.14639999717473984, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.13894961264457878, 1, 0.0, 0},
-    {4096, 32, 4096, 0.057472001761198044, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.060050429283908115, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09601600095629692, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.22765220449727955, 1, 0.0, 0},
-    {1, 11008, 4096, 0.14107199758291245, 0.0, 9.306377560173125, 8.317766166719343, 0.4666542349946158, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0926239974796772, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04014147347491107, 1, 0.0, 0},
-    {16, 4096, 4096, 0.044895999133586884, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.20688108603055852, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1146400012075901, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.10492304948130265, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05750399827957153, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04507084516887492, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07295999675989151, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.14511968501643752, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06870400160551071, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.39604558450062877, 1, 0.0, 0},
-    {5, 4096, 4096, 0.044096000492572784, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.1971645114408597, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08348800241947174, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.46693440020843446, 1, 0.0, 0},
-    {4096, 4096, 512, 0.5977280139923096, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.6742381575496945, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3498080372810364, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.7065707344390338, 1, 0.0, 0},
-    {8192, 8192, 256, 2.2652159929275513, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.6774591671706185, 1, 0.0, 0},
-    {2048, 2048, 128, 0.13656000047922134, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7638705376383028, 1, 0.0, 0},
-    {16384, 4096, 64, 2.073311924934387, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.7517733880882979, 1, 0.0, 0},
-    {256, 256, 32768, 0.04982399940490723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05252745051501031, 1, 0.0, 0},
-    {512, 512, 16384, 0.06019200012087822, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.17349898710653158, 1, 0.0, 0},
-    {128, 1024, 65536, 0.12295999750494957, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.12938391263149196, 1, 0.0, 0},
-    {64, 64, 131072, 0.1120000034570694, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.049780024916403126, 1, 0.0, 0},
-    {384, 384, 24576, 0.06486400216817856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.21411890189849858, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4753759950399399, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2294411946994186, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5702400207519531, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.08142663452562106, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1613759994506836, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.6166044239506875, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.562608003616333, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5686488360446573, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.0398560762405396, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.4542407929148666, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1285760402679443, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.32888848160110834, 1, 0.0, 0},
-    {512, 512, 512, 0.6892800033092499, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5317264026067524, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.1151039600372314, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.6876835979493048, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.1518079936504364, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6580180969648525, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.0740159749984741, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.7204872107198551, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.3579839915037155, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.49744183714346707, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.174784004688263, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.6449583905545939, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.398144006729126, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.2498933861644912, 1, 0.0, 1},
+    {256, 256, 256, 0.011327999643981457, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.4756738320074999, 1, 0.0, 0},
+    {512, 512, 512, 0.01708799973130226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.49258312223638206, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04686399921774864, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6460503023675426, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2053920030593872, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.6010090223583017, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0950400233268738, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.4947139732559855, 1, 0.0, 0},
+    {8192, 8192, 8192, 8.238815784454346, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.18950880672829065, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5553440153598785, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.4733669977898724, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04396799951791763, 0.0, 8.317766166719343, 8.317766166719343, 0.19725280813405557, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07360000163316727, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1451685683175141, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.3443240327131803, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15803200006484985, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.06253362962859071, 1, 0.0, 0},
+    {8192, 128, 8192, 0.14639999717473984, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.13898859197573543, 1, 0.0, 0},
+    {4096, 32, 4096, 0.057472001761198044, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06013483873776625, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09601600095629692, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.22773699879368262, 1, 0.0, 0},
+    {1, 11008, 4096, 0.14107199758291245, 0.0, 9.306377560173125, 8.317766166719343, 0.4665582910940417, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0926239974796772, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04004806747742641, 1, 0.0, 0},
+    {16, 4096, 4096, 0.044895999133586884, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.20685879137930205, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1146400012075901, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1048281112203608, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05750399827957153, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.045161472627966485, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07295999675989151, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.14504935324094217, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06870400160551071, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.39603156650910387, 1, 0.0, 0},
+    {5, 4096, 4096, 0.044096000492572784, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.19713918060583782, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08348800241947174, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.46692035047374675, 1, 0.0, 0},
+    {4096, 4096, 512, 0.5977280139923096, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.6744269543191483, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3498080372810364, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.7067433125474022, 1, 0.0, 0},
+    {8192, 8192, 256, 2.2652159929275513, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.6776608752624033, 1, 0.0, 0},
+    {2048, 2048, 128, 0.13656000047922134, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7640630208196506, 1, 0.0, 0},
+    {16384, 4096, 64, 2.073311924934387, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.7519828988117064, 1, 0.0, 0},
+    {256, 256, 32768, 0.04982399940490723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05252848727730031, 1, 0.0, 0},
+    {512, 512, 16384, 0.06019200012087822, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.17347509672345784, 1, 0.0, 0},
+    {128, 1024, 65536, 0.12295999750494957, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.12944236096695014, 1, 0.0, 0},
+    {64, 64, 131072, 0.1120000034570694, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.04991409790152209, 1, 0.0, 0},
+    {384, 384, 24576, 0.06486400216817856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.21413927275019928, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4753759950399399, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.22945281173512524, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5702400207519531, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.08139253500542856, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1613759994506836, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.6167736494342242, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.562608003616333, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5687894930887136, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.0398560762405396, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.45434252543471976, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1285760402679443, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.3289888744922661, 1, 0.0, 0},
+    {512, 512, 512, 0.6892800033092499, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5319151993762061, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.1151039600372314, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.6878894679964044, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.1518079936504364, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6582105801462002, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.0740159749984741, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.7206956907211095, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.3579839915037155, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.4976334093482569, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.174784004688263, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.6451591140181732, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.398144006729126, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.2499945179588407, 1, 0.0, 1},
 };
 static const Point tf32_9_unaligned[] = {
-    {2047, 2047, 2047, 0.3336000144481659, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.013293549335298383, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1847359985113144, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08722098063208714, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.380623936653137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03450643563846274, 1, 0.0, 0},
-    {127, 4099, 1023, 0.047648001462221146, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.056059205278738554, 1, 0.0, 0},
-    {4096, 1, 4096, 0.0607680007815361, 8.317766166719343, 0.0, 8.317766166719343, -0.10161176133556032, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04887999966740608, 0.0, 8.317766166719343, 8.317766166719343, -0.021797964868060803, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11363200098276138, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10344578013018904, 1, 0.0, 0},
-    {8, 6144, 6144, 0.08630400151014328, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.0983873855778204, 1, 0.0, 0},
-    {4096, 12, 4096, 0.06465600058436394, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.062188902479934936, 1, 0.0, 0},
-    {13, 5000, 3001, 0.05344000086188316, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.024371269993446968, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.8599199652671814, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0523147875346573, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.08144000172615051, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05618620712447981, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3336000144481659, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.014304362254592173, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1847359985113144, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08812723069232856, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.380623936653137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03444680432073029, 1, 0.0, 0},
+    {127, 4099, 1023, 0.047648001462221146, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.058030490861438196, 1, 0.0, 0},
+    {4096, 1, 4096, 0.0607680007815361, 8.317766166719343, 0.0, 8.317766166719343, -0.10199886207434425, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04887999966740608, 0.0, 8.317766166719343, 8.317766166719343, -0.024559266751243956, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11363200098276138, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10298045538583472, 1, 0.0, 0},
+    {8, 6144, 6144, 0.08630400151014328, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.09674077122910046, 1, 0.0, 0},
+    {4096, 12, 4096, 0.06465600058436394, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.06273432110509959, 1, 0.0, 0},
+    {13, 5000, 3001, 0.05344000086188316, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.026253458759979045, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.8599199652671814, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05209248470815647, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.08144000172615051, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05599403606847577, 1, 0.0, 0},
 };
 static const Point tf32_10_aligned[] = {
-    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0835773563520489, 1, 0.0, 0},
-    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.052102346108226553, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06620625936483757, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07754383722498571, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.012301249203500914, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06313277091170393, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.21000519597278852, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, -0.05924455760976745, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.35929387933083917, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10497086794124477, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06445803510208652, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06026336612531424, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.12455511570017942, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1444168199455003, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.5584008905474459, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.44926310945433506, 1, 0.0, 0},
-    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.1038582228011078, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6150256539109629, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.1150943087242247, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39120132019153064, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.1321127309490433, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05889600142836571, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.029323944190769884, 1, 0.0, 0},
-    {3, 4096, 11008, 0.14740800112485886, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.036614067237010654, 1, 0.0, 0},
-    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20872559860368806, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10592083915203716, 1, 0.0, 0},
-    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1136793252164775, 1, 0.0, 0},
-    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11706243139915068, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23274505652545496, 1, 0.0, 0},
-    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2536746250120237, 1, 0.0, 0},
-    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.24467013591193726, 1, 0.0, 0},
-    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.2619523130335199, 1, 0.0, 0},
-    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24265286457105664, 1, 0.0, 0},
-    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.22740209430813424, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14855504305972891, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23227296525592173, 1, 0.0, 0},
-    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08831804205000807, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.10531438078666179, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.07883262292561131, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04152036911172004, 1, 0.0, 0},
-    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13878039852325819, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1892832787975436, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.7310722748594058, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.39236027096931986, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6508613683908071, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08360740065298755, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5351051991921562, 1, 0.0, 1},
+    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08369077539914832, 1, 0.0, 0},
+    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.052230817321966626, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06635023468594156, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07769276597182462, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.012142749265336513, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06296588888146952, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20985187486629236, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, -0.0594099439916945, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.35912849294891214, 1, 0.0, 0},
+    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10514141994732702, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06428748309600446, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.060092814119232035, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.12472050208210642, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1442514335635733, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.5582355041655189, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.449097723072408, 1, 0.0, 0},
+    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.10402360918303491, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6148602675290359, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11525969510615172, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39103593380960366, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.13228328295512548, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05889600142836571, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.029158557808842817, 1, 0.0, 0},
+    {3, 4096, 11008, 0.14740800112485886, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03644208592600943, 1, 0.0, 0},
+    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20879332033979034, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10603111748634282, 1, 0.0, 0},
+    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.11366270634623353, 1, 0.0, 0},
+    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1170235740546261, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.232929661257535, 1, 0.0, 0},
+    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.253849506553881, 1, 0.0, 0},
+    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.24484352661548173, 1, 0.0, 0},
+    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.2621279589260468, 1, 0.0, 0},
+    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24282889751262815, 1, 0.0, 0},
+    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2275764733725939, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14872752411410983, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23244835493098892, 1, 0.0, 0},
+    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0884355370480441, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.10545732079334998, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.07867478862605463, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.041361716979944015, 1, 0.0, 0},
+    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13871267678715596, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18937142270168333, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.7310334175148813, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3925208881144133, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6507814044281238, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08359881924923655, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5349466992539917, 1, 0.0, 1},
 };
 static const Point tf32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.03232290829956849, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03511019797267421, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.032993513418815706, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09799407842986461, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06032000109553337, 8.317766166719343, 0.0, 8.317766166719343, -0.24202407142992863, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10201600193977356, 0.0, 8.317766166719343, 8.317766166719343, 0.2834418694504456, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11023999750614166, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.025225741064966774, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14974399656057358, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.19325105928540556, 1, 0.0, 0},
-    {4096, 12, 4096, 0.0862560011446476, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.0987639405869699, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07798399776220322, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21421022916560753, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009090098085401033, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10382493786462901, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.03250112472665428, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03507616251726398, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03296174333064562, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09785930117156033, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06032000109553337, 8.317766166719343, 0.0, 8.317766166719343, -0.2431430083972186, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10201600193977356, 0.0, 8.317766166719343, 8.317766166719343, 0.2823229324831557, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11023999750614166, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.02470031104248151, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14974399656057358, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.19223684068128727, 1, 0.0, 0},
+    {4096, 12, 4096, 0.0862560011446476, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09767980244447837, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07798399776220322, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21334125515575608, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009179687078513167, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1037445293280256, 1, 0.0, 0},
 };
 static const Point tf32_11_aligned[] = {
-    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0009309013881172663, 1, 0.0, 0},
-    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.022369212486015498, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11192701922394739, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16622634939063738, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.22854262362137123, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21448152319412697, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1487991860839918, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, -0.013018502791833269, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09848652101941932, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.050702440150596446, 1, 0.0, 0},
-    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08869913859999641, 1, 0.0, 0},
-    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.09971248933437955, 1, 0.0, 0},
-    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.8409152955128126, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.08338810724361928, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, -0.05805482179497089, 1, 0.0, 0},
-    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.050896724504757185, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.002102504860362088, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.015535856680503887, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.015826414510768178, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09608346379560746, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0683888930404963, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06851200014352798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.029369184434908508, 1, 0.0, 0},
-    {3, 4096, 11008, 0.16300800442695618, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.10968109143523565, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2152723411108208, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1265243982819183, 1, 0.0, 0},
-    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10455280480709125, 1, 0.0, 0},
-    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0226839837929721, 1, 0.0, 0},
-    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.051932955803997725, 1, 0.0, 0},
-    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1507229115254268, 1, 0.0, 0},
-    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12320163113430228, 1, 0.0, 0},
-    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12692738480985108, 1, 0.0, 0},
-    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08023150140003073, 1, 0.0, 0},
-    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.15306361690365225, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1766559808020994, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18568062589532908, 1, 0.0, 0},
-    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1741603660710533, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1532570876869818, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.21006743895086535, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.22729618596266576, 1, 0.0, 0},
-    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08730009778657999, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.031960631942559596, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.31774010914276823, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21406552075254642, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16239963590847833, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11117816826905075, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.21115457765004986, 1, 0.0, 1},
+    {1, 4096, 4096, 0.035551998764276505, 0.0, 8.317766166719343, 8.317766166719343, -0.04546190559860433, 1, 0.0, 0},
+    {16, 8192, 4096, 0.3005119860172272, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5935011974621001, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.06209810524860623, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1833599954843521, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2814023348105837, 1, 0.0, 0},
+    {16, 4096, 4096, 0.1581760048866272, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.5364648248953784, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10977600142359734, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.1007406640346818, 1, 0.0, 0},
+    {4096, 16, 4096, 0.15804800391197205, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5356552659872341, 1, 0.0, 0},
+    {6, 8192, 4096, 0.1348479986190796, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3794339590192071, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2951360046863556, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.771055345056397, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07196799665689468, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.3259088823854962, 1, 0.0, 0},
+    {3, 4096, 11008, 0.09171199798583984, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03102516179502553, 1, 0.0, 0},
 };
 static const Point tf32_11_unaligned[] = {
-    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.009876792023403773, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.0004851940196170033, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.027816089095468153, 1, 0.0, 0},
-    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.013346462896231339, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.017430286932846758, 1, 0.0, 0},
-    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.017074795286253174, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06770408961066607, 1, 0.0, 0},
-    {8, 6144, 6144, 0.11233599856495857, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.07949553208571489, 1, 0.0, 0},
-    {4096, 12, 4096, 0.07206399738788605, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.010300181330543898, 1, 0.0, 0},
-    {13, 5000, 3001, 0.06003199890255928, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06289667954719988, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05645089330981487, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.035312544611568596, 1, 0.0, 0},
+    {4096, 1, 4096, 0.03551999852061272, 8.317766166719343, 0.0, 8.317766166719343, -0.018712968321818853, 1, 0.0, 0},
+    {1, 4096, 4096, 0.036720000207424164, 0.0, 8.317766166719343, 8.317766166719343, 0.014512726604725223, 1, 0.0, 0},
+    {16, 11008, 4096, 0.7252639830112457, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1489141996060848, 1, 0.0, 0},
+    {8, 6144, 6144, 0.2837759852409363, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.755969596433741, 1, 0.0, 0},
+    {4096, 12, 4096, 0.2409919947385788, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 1.202807690730277, 1, 0.0, 0},
+    {13, 5000, 3001, 0.23499199748039246, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 1.2213987201171452, 1, 0.0, 0},
 };
 static const Point tf32_12_aligned[] = {
+    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0009400120570410795, 1, 0.0, 0},
+    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.022375353966434957, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11194320171564599, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16623559381633934, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.22855236803255477, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.2144943047767691, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.14880942795689003, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, -0.01296920722954696, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09850322168124027, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05067116232444615, 1, 0.0, 0},
+    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08871136505025956, 1, 0.0, 0},
+    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.09972471578464266, 1, 0.0, 0},
+    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.840953931716812, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.08338421142713516, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, -0.05800855900615853, 1, 0.0, 0},
+    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05085377740797821, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.002058369857388457, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.015500744038939147, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.015782279507794494, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09610700908224643, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0683391582135439, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06851200014352798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.029321265536549884, 1, 0.0, 0},
+    {3, 4096, 11008, 0.16300800442695618, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.10962700100718462, 1, 0.0, 0},
+    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2152708992448223, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1265311548905902, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10454059422895443, 1, 0.0, 0},
+    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.022695012337521143, 1, 0.0, 0},
+    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.05198342482539637, 1, 0.0, 0},
+    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.15065373986402528, 1, 0.0, 0},
+    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12316845058182907, 1, 0.0, 0},
+    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12686931624466172, 1, 0.0, 0},
+    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08015029317843693, 1, 0.0, 0},
+    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1530094502425126, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1766615950051504, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18569230375251614, 1, 0.0, 0},
+    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.17416095769541523, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.15326526463292786, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.2100792298514953, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.2273059607642726, 1, 0.0, 0},
+    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08729865592058154, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.03198897384558233, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3177511376873172, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.214113892740781, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16239629633382477, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.1111661639288502, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.21116414359612365, 1, 0.0, 1},
+};
+static const Point tf32_12_unaligned[] = {
+    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.009952807832240347, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.0004085501502924282, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.027740636760458286, 1, 0.0, 0},
+    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.013265116650729818, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.017352725047486993, 1, 0.0, 0},
+    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.017152357171613113, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06778066258772728, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11233599856495857, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.07957245205765709, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07206399738788605, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.01022261944518411, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06003199890255928, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06297486906159717, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05637540515456456, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.035233392048990265, 1, 0.0, 0},
+};
+static const Point tf32_13_aligned[] = {
     {256, 256, 256, 0.009535999968647957, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2782957636592839, 1, 0.0, 0},
     {512, 512, 512, 0.011839999817311764, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1641541695249473, 1, 0.0, 0},
     {1024, 1024, 1024, 0.026016000658273697, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3981299165085906, 1, 0.0, 0},
@@ -19077,288 +19332,267 @@ static const Point tf32_12_aligned[] = {
     {2048, 2048, 256, 0.48691199719905853, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.3962769261054893, 8, 2.0794415416798357, 0},
     {4092, 4092, 4092, 1.1825760006904602, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.026459267788033567, 1, 0.0, 1},
 };
-static const Point tf32_12_unaligned[] = {
-    {2047, 2047, 2047, 0.24313600361347198, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.032029988808555815, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.13180800527334213, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07215092130438001, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.0584800243377686, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02913183923865524, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03846399858593941, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.07130661003387362, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06439999863505363, 8.317766166719343, 0.0, 8.317766166719343, -0.14559672853414535, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05060800164937973, 0.0, 8.317766166719343, 8.317766166719343, -0.009515569948300896, 1, 0.0, 0},
-    {16, 11008, 4096, 0.09619200229644775, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10243567228306827, 1, 0.0, 0},
-    {8, 6144, 6144, 0.12115199863910675, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.15584183145356403, 1, 0.0, 0},
-    {4096, 12, 4096, 0.07075200229883194, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.06560232142562035, 1, 0.0, 0},
-    {13, 5000, 3001, 0.045504000037908554, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.000728097222277656, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6520959734916687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.033772589716375555, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05443200096487999, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01839530713051306, 1, 0.0, 0},
-};
-static const Point tf32_13_aligned[] = {
-    {256, 256, 256, 0.009056000038981438, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.22911998137745726, 1, 0.0, 0},
-    {512, 512, 512, 0.011327999643981457, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07215577607143872, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03049599938094616, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3386871832229391, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.13836799561977386, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.41412034234752026, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.8582720160484314, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3429571730996779, 1, 0.0, 0},
-    {8192, 8192, 8192, 7.811520099639893, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.01206312358286694, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.42712000012397766, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.276950697363921, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06164800003170967, 0.0, 8.317766166719343, 8.317766166719343, 0.3758014664499976, 1, 0.0, 0},
-    {16, 8192, 4096, 0.12097599729895592, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.406088530292221, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08038400113582611, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.17404156615020897, 1, 0.0, 0},
-    {128, 8192, 8192, 0.1372160017490387, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.04624062913750388, 1, 0.0, 0},
-    {8192, 128, 8192, 0.13967999815940857, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06403836873675849, 1, 0.0, 0},
-    {4096, 32, 4096, 0.03903999924659729, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.5202665097769046, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08761599659919739, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.08345996465453892, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1764480024576187, 0.0, 9.306377560173125, 8.317766166719343, 0.39504004405777604, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1677439957857132, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.34445279730577294, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06265600025653839, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.3920201290542691, 1, 0.0, 0},
-    {4, 14336, 4096, 0.23430399596691132, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5293881401027198, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0387520007789135, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5128621550008758, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13465599715709686, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.51321973092621, 1, 0.0, 0},
-    {12, 4096, 8192, 0.09937599673867226, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.38613700361341236, 1, 0.0, 0},
-    {5, 4096, 4096, 0.0658240020275116, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.44134522232438667, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1308640018105507, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4329930324682565, 1, 0.0, 0},
-    {4096, 4096, 512, 0.3201279938220978, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.4746983547852736, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8181440234184265, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.4786980522941792, 1, 0.0, 0},
-    {8192, 8192, 256, 1.1942239999771118, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.4245147225418982, 1, 0.0, 0},
-    {2048, 2048, 128, 0.07699199765920639, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.39973275878503667, 1, 0.0, 0},
-    {16384, 4096, 64, 1.0623199939727783, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.48634408479003344, 1, 0.0, 0},
-    {256, 256, 32768, 0.08617600053548813, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25700788995761803, 1, 0.0, 0},
-    {512, 512, 16384, 0.05644800141453743, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07780359057405632, 1, 0.0, 0},
-    {128, 1024, 65536, 0.174112007021904, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1981157362599935, 1, 0.0, 0},
-    {64, 64, 131072, 0.28990399837493896, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.35612527644635245, 1, 0.0, 0},
-    {384, 384, 24576, 0.07145600020885468, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18785256194221497, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4467040002346039, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2498734764341055, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5042719841003418, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23077154454439122, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09355199709534645, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.38471164908034283, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3920480012893677, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3489769996223792, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.9314240217208862, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.08739489217651986, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.9676640033721924, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.08768138079454471, 1, 0.0, 0},
-    {512, 512, 512, 0.3737120032310486, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3199337953612014, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6094399988651276, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.35521002578505634, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.09139200299978256, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.2282762686338591, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5745439827442169, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.41417387399331185, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11521599814295769, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.1490406899649985, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.5963839888572693, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.4319525458380455, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.1894239783287048, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.016653840274085195, 1, 0.0, 1},
-};
 static const Point tf32_13_unaligned[] = {
-    {2047, 2047, 2047, 0.2624000012874603, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.008042241640740338, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.14209599792957306, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.06813309560881328, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.148271918296814, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.01775480902814829, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03843199834227562, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.083947741845744, 1, 0.0, 0},
-    {4096, 1, 4096, 0.038704000413417816, 8.317766166719343, 0.0, 8.317766166719343, -0.06529696055716858, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04662400111556053, 0.0, 8.317766166719343, 8.317766166719343, -0.07272656211327913, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10425599664449692, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.04987579487927367, 1, 0.0, 0},
-    {8, 6144, 6144, 0.09529600292444229, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.09228021484657158, 1, 0.0, 0},
-    {4096, 12, 4096, 0.05894400179386139, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.32108890207684815, 1, 0.0, 0},
-    {13, 5000, 3001, 0.05596800148487091, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.040048482672428, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6176480054855347, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05668261248932214, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05990400165319443, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.011577739868708163, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.24313600361347198, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031962301054643934, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.13180800527334213, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07221250070893183, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.0584800243377686, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02906443136897514, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03846399858593941, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.07158184821723505, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06439999863505363, 8.317766166719343, 0.0, 8.317766166719343, -0.14749440335846972, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05060800164937973, 0.0, 8.317766166719343, 8.317766166719343, -0.010473881408715177, 1, 0.0, 0},
+    {16, 11008, 4096, 0.09619200229644775, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10191442014991446, 1, 0.0, 0},
+    {8, 6144, 6144, 0.12115199863910675, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1542112480024241, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07075200229883194, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.06736466622192872, 1, 0.0, 0},
+    {13, 5000, 3001, 0.045504000037908554, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.0012869462524613315, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6520959734916687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03363747739254298, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05443200096487999, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01844631738970991, 1, 0.0, 0},
 };
 static const Point tf32_14_aligned[] = {
-    {1, 4096, 4096, 0.03587200120091438, 0.0, 8.317766166719343, 8.317766166719343, -0.05655089813243607, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2656640112400055, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.47733670755817004, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07215999811887741, 0.0, 9.306377560173125, 8.317766166719343, 0.06345930976899232, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1496639996767044, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.08653641447096146, 1, 0.0, 0},
-    {16, 4096, 4096, 0.1443520039319992, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.4437959105198214, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10499200224876404, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.13448170077263222, 1, 0.0, 0},
-    {4096, 16, 4096, 0.13568000495433807, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.38184033061333655, 1, 0.0, 0},
-    {6, 8192, 4096, 0.11883200332522392, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2564514619495685, 1, 0.0, 0},
-    {12, 4096, 8192, 0.275407999753952, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.7079791280693647, 1, 0.0, 0},
-    {5, 4096, 4096, 0.060208000242710114, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.13634156400221287, 1, 0.0, 0},
-    {3, 4096, 11008, 0.0960800014436245, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.08446596232057244, 1, 0.0, 0},
+    {256, 256, 256, 0.009056000038981438, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.22895307608413978, 1, 0.0, 0},
+    {512, 512, 512, 0.011327999643981457, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07199478407221085, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03049599938094616, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3382870036802405, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.13836799561977386, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.41373293577782394, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.8582720160484314, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3426612040295837, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.811520099639893, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.011853123065762238, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.42712000012397766, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.27661483656164515, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06164800003170967, 0.0, 8.317766166719343, 8.317766166719343, 0.37600273684602503, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12097599729895592, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4063363877981234, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08038400113582611, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.17419590068350158, 1, 0.0, 0},
+    {128, 8192, 8192, 0.1372160017490387, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.04642216364813572, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13967999815940857, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06421990324739045, 1, 0.0, 0},
+    {4096, 32, 4096, 0.03903999924659729, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.5203868734957556, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08761599659919739, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.08370782216044116, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1764480024576187, 0.0, 9.306377560173125, 8.317766166719343, 0.39530449502327947, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1677439957857132, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3447172482712762, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06265600025653839, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.39222139945029644, 1, 0.0, 0},
+    {4, 14336, 4096, 0.23430399596691132, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5296574370241275, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0387520007789135, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5129825187197269, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13465599715709686, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.5134675884321125, 1, 0.0, 0},
+    {12, 4096, 8192, 0.09937599673867226, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.386291338146705, 1, 0.0, 0},
+    {5, 4096, 4096, 0.0658240020275116, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.44154649272041424, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1308640018105507, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4331312716451701, 1, 0.0, 0},
+    {4096, 4096, 512, 0.3201279938220978, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.47410466722932393, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8181440234184265, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.4781837665210464, 1, 0.0, 0},
+    {8192, 8192, 256, 1.1942239999771118, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.42385669180627134, 1, 0.0, 0},
+    {2048, 2048, 128, 0.07699199765920639, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.399088521056989, 1, 0.0, 0},
+    {16384, 4096, 64, 1.0623199939727783, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.48565297731535445, 1, 0.0, 0},
+    {256, 256, 32768, 0.08617600053548813, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25692303933459165, 1, 0.0, 0},
+    {512, 512, 16384, 0.05644800141453743, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07771102261990095, 1, 0.0, 0},
+    {128, 1024, 65536, 0.174112007021904, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.19803532237144678, 1, 0.0, 0},
+    {64, 64, 131072, 0.28990399837493896, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.35604725134766896, 1, 0.0, 0},
+    {384, 384, 24576, 0.07145600020885468, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18776498075580061, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4467040002346039, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2497289343262075, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5042719841003418, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2306741652440682, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09355199709534645, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.38419219877187155, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.3920480012893677, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.34857588853080274, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.9314240217208862, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.08709678639851882, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.9676640033721924, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.08738590949691522, 1, 0.0, 0},
+    {512, 512, 512, 0.3737120032310486, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3193401078052519, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6094399988651276, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.3545222130298527, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.09139200299978256, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.22763203090581144, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5745439827442169, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.41348606123810844, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11521599814295769, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.14847687176278843, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.5963839888572693, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.43129756011999476, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1894239783287048, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.016357871203990997, 1, 0.0, 1},
 };
 static const Point tf32_14_unaligned[] = {
-    {4096, 1, 4096, 0.03580800071358681, 8.317766166719343, 0.0, 8.317766166719343, -0.06691769662624673, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04047999903559685, 0.0, 8.317766166719343, 8.317766166719343, 0.055718952471120846, 1, 0.0, 0},
-    {16, 11008, 4096, 0.4609920084476471, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.6394790002310368, 1, 0.0, 0},
-    {8, 6144, 6144, 0.17896000295877457, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.23866658371701224, 1, 0.0, 0},
-    {4096, 12, 4096, 0.17052799463272095, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.8006632453960519, 1, 0.0, 0},
-    {13, 5000, 3001, 0.16300800442695618, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.799366362455107, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2624000012874603, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007838251607080694, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.14209599792957306, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.068234604426392, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.148271918296814, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.017954578584531464, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03843199834227562, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08446125272623094, 1, 0.0, 0},
+    {4096, 1, 4096, 0.038704000413417816, 8.317766166719343, 0.0, 8.317766166719343, -0.06616189787198795, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04662400111556053, 0.0, 8.317766166719343, 8.317766166719343, -0.07383853079407951, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10425599664449692, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.05077309220888956, 1, 0.0, 0},
+    {8, 6144, 6144, 0.09529600292444229, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.0913299574829486, 1, 0.0, 0},
+    {4096, 12, 4096, 0.05894400179386139, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.3202997665679716, 1, 0.0, 0},
+    {13, 5000, 3001, 0.05596800148487091, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.03895305113551452, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6176480054855347, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05644400712231827, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05990400165319443, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.011776765782059872, 1, 0.0, 0},
 };
 static const Point tf32_15_aligned[] = {
-    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.055407272852852046, 1, 0.0, 0},
-    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09424851416946675, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09797156476121206, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0720101430333221, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008459314776446434, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12530702632186763, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.004611090906367909, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.10215995034150444, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.015325837276207508, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10713622702379279, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07631217393858407, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07907070996938867, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.1485107892604425, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.012907773147888683, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.13975720674593015, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.13135574299038671, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.11574975095654459, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.290670685941958, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11201612966664962, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.027332223547550067, 1, 0.0, 0},
-    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12944622727752358, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07636800035834312, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.10497033355295568, 1, 0.0, 0},
-    {3, 4096, 11008, 0.18873600661754608, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.1182872579232233, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07526450493348509, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.02130602753100412, 1, 0.0, 0},
-    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.031206678404275028, 1, 0.0, 0},
-    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02050583180589334, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04884909093802549, 1, 0.0, 0},
-    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09698834664946127, 1, 0.0, 0},
-    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11714415096979275, 1, 0.0, 0},
-    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.11503484627363399, 1, 0.0, 0},
-    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10554837166220545, 1, 0.0, 0},
-    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.12860762237636597, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14757770969465306, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11372711197976328, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0033626373079362636, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.016276978557517374, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.029013685076985138, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.005719627771757836, 1, 0.0, 0},
-    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.028259877107852327, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.04580335685996957, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.34668469047989336, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.07269192348027835, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.17889728313367118, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08615032092334013, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3762095848958693, 1, 0.0, 1},
+    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.055304451635515804, 1, 0.0, 0},
+    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09440134113653753, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09812443854328325, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07212091231928446, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008454173706066876, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12535411079174436, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.004645432108897156, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.10244072716064657, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.015081539361112641, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10742480876607466, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07653928102278794, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07887389442838202, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.148783617736145, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.013134603359694248, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.13953085863396533, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.1311318974945458, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.11602839255770526, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.290471602930904, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11229300092247921, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.027085187502060754, 1, 0.0, 0},
+    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12974264533038835, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07636800035834312, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.10525054083952018, 1, 0.0, 0},
+    {3, 4096, 11008, 0.18873600661754608, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.11858977853511524, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07527095121360673, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.021293458504474665, 1, 0.0, 0},
+    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.03119127256030252, 1, 0.0, 0},
+    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0204759043688579, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.048839817382174244, 1, 0.0, 0},
+    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09732801636301881, 1, 0.0, 0},
+    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11745623123256732, 1, 0.0, 0},
+    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1153715385956853, 1, 0.0, 0},
+    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10590019876940472, 1, 0.0, 0},
+    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.12893760731106546, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14767351507972473, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11396100918616153, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0034007422872956894, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.016243441827843298, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.029039043877825667, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.005737717922426151, 1, 0.0, 0},
+    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02823830130674096, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.04581151919775837, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3466702388548414, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.07267239375648672, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.17880675321587197, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08614240272553306, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.37620384019835695, 1, 0.0, 1},
 };
 static const Point tf32_15_unaligned[] = {
-    {2047, 2047, 2047, 0.2032639980316162, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03032713780160431, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11540799960494041, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2208009116796484, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7205439805984497, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.016434917450345726, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03359999880194664, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11905924061808022, 1, 0.0, 0},
-    {4096, 1, 4096, 0.0796000026166439, 8.317766166719343, 0.0, 8.317766166719343, 0.040128981973139216, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10039999708533287, 0.0, 8.317766166719343, 8.317766166719343, 0.2734134844219288, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10847999900579453, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.13143450160357772, 1, 0.0, 0},
-    {8, 6144, 6144, 0.1467360034584999, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.11660433917887993, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08636800199747086, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09357490883455544, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07756800204515457, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.19422986656008898, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.515775978565216, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01961387129864552, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14318189438899873, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2032639980316162, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.030254260154697475, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11540799960494041, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.22029801230813728, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7205439805984497, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.01604045694322057, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03359999880194664, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11937771346639352, 1, 0.0, 0},
+    {4096, 1, 4096, 0.0796000026166439, 8.317766166719343, 0.0, 8.317766166719343, 0.04336141229247109, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10039999708533287, 0.0, 8.317766166719343, 8.317766166719343, 0.2766515812308978, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10847999900579453, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.13010341053356553, 1, 0.0, 0},
+    {8, 6144, 6144, 0.1467360034584999, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.11940266044904722, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08636800199747086, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09666899035913636, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07756800204515457, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.1966738032753588, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.515775978565216, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.019272121715461193, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14340887603087704, 1, 0.0, 0},
 };
 static const Point tf32_16_aligned[] = {
-    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.020960031105497903, 1, 0.0, 0},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10548949058520815, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11333983132689394, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08598493466486709, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.007261154620133707, 1, 0.0, 0},
-    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05305857847415307, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.09913444505696241, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.14135863889404535, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08430600016132124, 1, 0.0, 0},
-    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.17154118091748874, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.024194808004509315, 1, 0.0, 0},
-    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.016609030435357466, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07697188596286496, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.03385843677274064, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.2582641871145242, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.21723193669380958, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.13530908033772898, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4251679664882644, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05469116535026161, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0868206805250779, 1, 0.0, 0},
-    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.18816059163011817, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06407999992370605, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.1696682647719836, 1, 0.0, 0},
-    {3, 4096, 11008, 0.15520000457763672, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.2069595065048321, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04544383407784573, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.008712408943043565, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.04083540120783572, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0364739444809452, 1, 0.0, 0},
-    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.004578882985695118, 1, 0.0, 0},
-    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2209848912091382, 1, 0.0, 0},
-    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.21672856815452565, 1, 0.0, 0},
-    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.24192396814859418, 1, 0.0, 0},
-    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24307896834705542, 1, 0.0, 0},
-    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.24621644756414154, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11951888311461269, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23456810977469655, 1, 0.0, 0},
-    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08102952362762539, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.004972962738134973, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.018440985699223825, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.003250599869578019, 1, 0.0, 0},
-    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.15967065304092587, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.020391923450554714, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5403791163610977, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.12088981004166224, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3127054240075035, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.013344237575638258, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.34409462320911793, 1, 0.0, 1},
+    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.02071527291596791, 1, 0.0, 0},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10571615115464862, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11354891019007955, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08614662197379422, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.007416365067872394, 1, 0.0, 0},
+    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05322113850224367, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.09897727948696733, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.14154504059596087, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08411959845940566, 1, 0.0, 0},
+    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.17172236920977707, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02437599629679754, 1, 0.0, 0},
+    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.016427842143069422, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07715828766478049, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.03367203507082499, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.2580777854126086, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.21704553499189388, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.13549548203964457, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.42498156478634874, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.054877567052177216, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.08663427882316227, 1, 0.0, 0},
+    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.18834177992240644, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06407999992370605, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.16985466647389924, 1, 0.0, 0},
+    {3, 4096, 11008, 0.15520000457763672, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.2071392690864956, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04551036996428273, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.008809477375478176, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.040862850379911844, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03636507761940615, 1, 0.0, 0},
+    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.004436557403848995, 1, 0.0, 0},
+    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.22116178288025737, 1, 0.0, 0},
+    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2169069319246437, 1, 0.0, 0},
+    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.2421001080659997, 1, 0.0, 0},
+    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2432547283634748, 1, 0.0, 0},
+    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.24639383453351935, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11969724688473062, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23474450146195777, 1, 0.0, 0},
+    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08117580757060519, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.005116743769073423, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.018289677427903786, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.003407103185803901, 1, 0.0, 0},
+    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1596041171544889, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.0204641456917666, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5402702494995588, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.12100724774800495, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.312619993686981, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.013333288674037897, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3439394127613792, 1, 0.0, 1},
 };
 static const Point tf32_16_unaligned[] = {
-    {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01132239175063597, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11779200285673141, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2836817869504941, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6783519983291626, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010041728998856882, 1, 0.0, 0},
-    {127, 4099, 1023, 0.0342399999499321, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09716482543420558, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07558400183916092, 8.317766166719343, 0.0, 8.317766166719343, -0.04126002371250425, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10118400305509567, 0.0, 8.317766166719343, 8.317766166719343, 0.2511127677934204, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10931199789047241, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09641463962818986, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14793600142002106, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.12022918027118162, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08616000041365623, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.06616644491796171, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07753600180149078, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.17158711895664094, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4395039677619934, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.019561347211630848, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13974148345556198, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.011358936951765186, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11779200285673141, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2832337082218231, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6783519983291626, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010232239327174772, 1, 0.0, 0},
+    {127, 4099, 1023, 0.0342399999499321, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09743538464276917, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07558400183916092, 8.317766166719343, 0.0, 8.317766166719343, -0.03884109010520453, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10118400305509567, 0.0, 8.317766166719343, 8.317766166719343, 0.25353441297903195, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10931199789047241, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09537919499304644, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14793600142002106, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.12235843124833307, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08616000041365623, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.068492218629511, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07753600180149078, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.17343314317790642, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4395039677619934, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.019758278155345883, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13991886845683407, 1, 0.0, 0},
 };
 static const Point tf32_17_aligned[] = {
-    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.4933376190112365, 1, 0.0, 0},
-    {512, 512, 512, 0.016736000776290894, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5314467261518887, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04753600060939789, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6049846411150854, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.19996799528598785, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.5875293795980299, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.0917440056800842, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.45920274734184496, 1, 0.0, 0},
-    {8192, 8192, 8192, 7.784560203552246, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.2129505322818537, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5562559962272644, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.430035958798941, 1, 0.0, 0},
-    {1, 4096, 4096, 0.043807998299598694, 0.0, 8.317766166719343, 8.317766166719343, 0.19829174091422963, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07310399785637856, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.16301355556185648, 1, 0.0, 0},
-    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.3438188210300235, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16257599741220474, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.009049759268881439, 1, 0.0, 0},
-    {8192, 128, 8192, 0.13460800051689148, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.19782847344652388, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05555199831724167, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.056792025529783706, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09427200257778168, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.21377960333339974, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0910400003194809, 0.0, 9.306377560173125, 8.317766166719343, 0.07066219510248604, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0912800021469593, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.06567884777484274, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04505600035190582, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2120914635895405, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1138560026884079, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.13826818781071062, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0560000017285347, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.029819910910242102, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07215999811887741, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.16117962820979914, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06835199892520905, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.4066165177133615, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04382399842143059, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.1948262199755245, 1, 0.0, 0},
-    {3, 4096, 11008, 0.0830559991300106, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4874485473355923, 1, 0.0, 0},
-    {4096, 4096, 512, 0.599375993013382, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.623172387276541, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.347104012966156, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.66156370644338, 1, 0.0, 0},
-    {8192, 8192, 256, 2.28056001663208, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.6199879649350782, 1, 0.0, 0},
-    {2048, 2048, 128, 0.13732799887657166, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7107569430501147, 1, 0.0, 0},
-    {16384, 4096, 64, 2.0776959657669067, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.694236040771573, 1, 0.0, 0},
-    {256, 256, 32768, 0.045951999723911285, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07853271304955256, 1, 0.0, 0},
-    {512, 512, 16384, 0.05841600149869919, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.19652840755943196, 1, 0.0, 0},
-    {128, 1024, 65536, 0.1467519998550415, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.3164123242105561, 1, 0.0, 0},
-    {64, 64, 131072, 0.10678400099277496, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.13324820379418986, 1, 0.0, 0},
-    {384, 384, 24576, 0.060095999389886856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.23121733012180368, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.48819200694561005, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17318991995398525, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5770879983901978, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.045714904988614684, 1, 0.0, 0},
-    {1536, 2560, 768, 0.16195200383663177, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.5703245806851609, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5261280238628387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5932403059729644, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.0699520111083984, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.40565870023159667, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1086080074310303, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.30866594543013315, 1, 0.0, 0},
-    {512, 512, 512, 0.6953920125961304, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.47458575620991617, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.1224640011787415, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.6277132869842235, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.1512800008058548, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6139967301682465, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.0836640000343323, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.6565762452041917, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.35676801204681396, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.45022745680570736, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.1810719966888428, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.5893294899300834, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.3967679738998413, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.21233952028885125, 1, 0.0, 1},
+    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.49327843332635857, 1, 0.0, 0},
+    {512, 512, 512, 0.016736000776290894, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5314915049045166, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04753600060939789, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6051644079811812, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.19996799528598785, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.5877225320412383, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0917440056800842, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.4593450863902213, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.784560203552246, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21302402300419657, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5562559962272644, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.43020716294809963, 1, 0.0, 0},
+    {1, 4096, 4096, 0.043807998299598694, 0.0, 8.317766166719343, 8.317766166719343, 0.19825840812575463, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07310399785637856, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1629219627320547, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.3438325320135952, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16257599741220474, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0091008161930739, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13460800051689148, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.19787953037071623, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05555199831724167, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05691032623112367, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09427200257778168, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.21389780666402092, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0910400003194809, 0.0, 9.306377560173125, 8.317766166719343, 0.07052658449960827, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0912800021469593, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.06554717123575474, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04505600035190582, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2120640372302353, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1138560026884079, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1381342897065398, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0560000017285347, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.02994779494770151, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07215999811887741, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1610827085388804, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06835199892520905, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.4066011427581806, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04382399842143059, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.19479447879182268, 1, 0.0, 0},
+    {3, 4096, 11008, 0.0830559991300106, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.48743332108261095, 1, 0.0, 0},
+    {4096, 4096, 512, 0.599375993013382, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.6234462381525161, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.347104012966156, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.661813182237494, 1, 0.0, 0},
+    {8192, 8192, 256, 2.28056001663208, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.6202816025196173, 1, 0.0, 0},
+    {2048, 2048, 128, 0.13732799887657166, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7110361302754797, 1, 0.0, 0},
+    {16384, 4096, 64, 2.0776959657669067, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.6945425939238347, 1, 0.0, 0},
+    {256, 256, 32768, 0.045951999723911285, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07852810338593037, 1, 0.0, 0},
+    {512, 512, 16384, 0.05841600149869919, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.19648971041388202, 1, 0.0, 0},
+    {128, 1024, 65536, 0.1467519998550415, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.31650073756887276, 1, 0.0, 0},
+    {64, 64, 131072, 0.10678400099277496, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.13302247866746073, 1, 0.0, 0},
+    {384, 384, 24576, 0.060095999389886856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.23124141953406813, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.48819200694561005, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17320110282941759, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5770879983901978, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.04565996496265048, 1, 0.0, 0},
+    {1536, 2560, 768, 0.16195200383663177, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.5705682373242708, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5261280238628387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5934416847555731, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.0699520111083984, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.40580218690025743, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1086080074310303, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.30880739930806284, 1, 0.0, 0},
+    {512, 512, 512, 0.6953920125961304, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.4748596070858913, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.1224640011787415, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.6280138493655034, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.1512800008058548, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6142759173936116, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.0836640000343323, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.6568811369802937, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.35676801204681396, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.45050602542930385, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.1810719966888428, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.58962155496849, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.3967679738998413, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.21248211081468543, 1, 0.0, 1},
 };
 static const Point tf32_17_unaligned[] = {
-    {2047, 2047, 2047, 0.3359839916229248, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.019784086194439304, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1844480037689209, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08296155474994542, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.3597439527511597, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03709094124745033, 1, 0.0, 0},
-    {127, 4099, 1023, 0.047968000173568726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.059910139204811516, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05894400179386139, 8.317766166719343, 0.0, 8.317766166719343, -0.11116739560771997, 1, 0.0, 0},
-    {1, 4096, 4096, 0.048496000468730927, 0.0, 8.317766166719343, 8.317766166719343, -0.029475559093118078, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11388800293207169, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11582110203091074, 1, 0.0, 0},
-    {8, 6144, 6144, 0.08619200065732002, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.10449162340115571, 1, 0.0, 0},
-    {4096, 12, 4096, 0.06401600316166878, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.0539080042364033, 1, 0.0, 0},
-    {13, 5000, 3001, 0.0536159984767437, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.017710857407523595, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.853872001171112, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0542098010377783, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.08164800330996513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05150872353811985, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3359839916229248, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.020993039680964613, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1844480037689209, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08403577199677488, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.3597439527511597, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.037010714622701835, 1, 0.0, 0},
+    {127, 4099, 1023, 0.047968000173568726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06228397487834584, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05894400179386139, 8.317766166719343, 0.0, 8.317766166719343, -0.11166771528441445, 1, 0.0, 0},
+    {1, 4096, 4096, 0.048496000468730927, 0.0, 8.317766166719343, 8.317766166719343, -0.03281865001084426, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11388800293207169, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11524394947984849, 1, 0.0, 0},
+    {8, 6144, 6144, 0.08619200065732002, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.10248560460945619, 1, 0.0, 0},
+    {4096, 12, 4096, 0.06401600316166878, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.05459908165263831, 1, 0.0, 0},
+    {13, 5000, 3001, 0.0536159984767437, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.020005738309090144, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.853872001171112, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.053935796830356895, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.08164800330996513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.051255851988621086, 1, 0.0, 0},
 };
 static const Point tf32_18_aligned[] = {
     {1, 4096, 4096, 0.038015998899936676, 0.0, 8.317766166719343, 8.317766166719343, -0.0020192202928855448, 1, 0.0, 0},
@@ -19382,146 +19616,146 @@ static const Point tf32_18_unaligned[] = {
     {13, 5000, 3001, 0.0541439987719059, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.26755994874139094, 1, 0.0, 0},
 };
 static const Point tf32_19_aligned[] = {
-    {256, 256, 256, 0.011935999616980553, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.17615139167862068, 1, 0.0, 0},
-    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.14832845506182762, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026847999542951584, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1308316982513796, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.052719999104738235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03928914055365069, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.3916960060596466, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.001467297483855863, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.11625599861145, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.030699048573680474, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.20707200467586517, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.047379866873340844, 1, 0.0, 0},
-    {1, 4096, 4096, 0.08601599931716919, 0.0, 8.317766166719343, 8.317766166719343, -0.09446299482119652, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09460799768567085, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.005934773565957276, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15964800119400024, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.12243122997792741, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16779199987649918, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.083581475341111, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20342400670051575, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.10280804588415833, 1, 0.0, 0},
-    {4096, 32, 4096, 0.08755200356245041, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07823364283142267, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09424000233411789, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.01279715894557654, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10444799810647964, 0.0, 9.306377560173125, 8.317766166719343, 0.08961525743839986, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10492800176143646, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.09376549024923228, 1, 0.0, 0},
-    {16, 4096, 4096, 0.08617600053548813, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.09295485079928163, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11852800101041794, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2110173262925253, 1, 0.0, 0},
-    {4096, 16, 4096, 0.08886399865150452, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.06261295457055135, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09462399780750275, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.005301573173530584, 1, 0.0, 0},
-    {12, 4096, 8192, 0.15942400693893433, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.1225618916761507, 1, 0.0, 0},
-    {5, 4096, 4096, 0.08590399846434593, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09585935154896981, 1, 0.0, 0},
-    {3, 4096, 11008, 0.20996800065040588, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.1296829213347895, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06908799707889557, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.008538100415038536, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2544320076704025, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0011451961231671239, 1, 0.0, 0},
-    {8192, 8192, 256, 0.18758400529623032, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.06948654852183307, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01297600008547306, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09649646196104676, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10342399775981903, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.025655457081956063, 1, 0.0, 0},
-    {256, 256, 32768, 0.6043840050697327, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.13280295106795478, 1, 0.0, 0},
-    {512, 512, 16384, 0.31651198863983154, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10296557447037373, 1, 0.0, 0},
-    {128, 1024, 65536, 1.2012320160865784, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1338153865900237, 1, 0.0, 0},
-    {64, 64, 131072, 2.3792799711227417, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.13798827518973356, 1, 0.0, 0},
-    {384, 384, 24576, 0.4567680060863495, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.131282854442074, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3465439975261688, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05296444102789511, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9343039989471436, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11669838836168508, 1, 0.0, 0},
-    {1536, 2560, 768, 0.025200000032782555, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03328705230698556, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15001599490642548, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0373410461445387, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1097919940948486, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.039365131802994786, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3875200003385544, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0005426533160474226, 1, 0.0, 0},
-    {512, 512, 512, 0.09638399630784988, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.3244210619641915, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08019199967384338, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18695949210551147, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02739199995994568, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.341871035552836, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07072000205516815, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2507154898666457, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07928000018000603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15370277874119334, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09491200000047684, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.05896252009251053, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.4968319982290268, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.23936861511735463, 1, 0.0, 1},
+    {256, 256, 256, 0.011935999616980553, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.17623058906913353, 1, 0.0, 0},
+    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1484479857576948, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026847999542951584, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13095560433241185, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.052719999104738235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03926798947468833, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.3916960060596466, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0014862589327587809, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.11625599861145, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.030718416994466244, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.20707200467586517, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04742615228159819, 1, 0.0, 0},
+    {1, 4096, 4096, 0.08601599931716919, 0.0, 8.317766166719343, 8.317766166719343, -0.09467273970796182, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09460799768567085, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.006119641954949951, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15964800119400024, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.12264683641884896, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16779199987649918, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08375649990771512, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20342400670051575, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.10265581892501953, 1, 0.0, 0},
+    {4096, 32, 4096, 0.08755200356245041, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07843789855119501, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09424000233411789, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.012971038893784228, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10444799810647964, 0.0, 9.306377560173125, 8.317766166719343, 0.08944297632878682, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10492800176143646, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.09359481728046662, 1, 0.0, 0},
+    {16, 4096, 4096, 0.08617600053548813, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.09316328727964569, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11852800101041794, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21086370626943743, 1, 0.0, 0},
+    {4096, 16, 4096, 0.08886399865150452, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.06281999642524373, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09462399780750275, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.005488164393314116, 1, 0.0, 0},
+    {12, 4096, 8192, 0.15942400693893433, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12278226611583229, 1, 0.0, 0},
+    {5, 4096, 4096, 0.08590399846434593, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09606874743790138, 1, 0.0, 0},
+    {3, 4096, 11008, 0.20996800065040588, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.12990728465458154, 1, 0.0, 0},
+    {4096, 4096, 512, 0.06908799707889557, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.00852527459616608, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2544320076704025, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0011364953827552905, 1, 0.0, 0},
+    {8192, 8192, 256, 0.18758400529623032, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.06949089885165442, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01297600008547306, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09652075373920911, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10342399775981903, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.025661454507374816, 1, 0.0, 0},
+    {256, 256, 32768, 0.6043840050697327, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1330539454772456, 1, 0.0, 0},
+    {512, 512, 16384, 0.31651198863983154, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10319936411296629, 1, 0.0, 0},
+    {128, 1024, 65536, 1.2012320160865784, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1340635115414925, 1, 0.0, 0},
+    {64, 64, 131072, 2.3792799711227417, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1382458849702513, 1, 0.0, 0},
+    {384, 384, 24576, 0.4567680060863495, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.13152574864301214, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.3465439975261688, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05304844439484363, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9343039989471436, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11688192604767918, 1, 0.0, 0},
+    {1536, 2560, 768, 0.025200000032782555, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.033275651013356805, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.15001599490642548, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.037341974253153214, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1097919940948486, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.03937812152902168, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3875200003385544, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0005543772172171917, 1, 0.0, 0},
+    {512, 512, 512, 0.09638399630784988, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.3244338877830639, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08019199967384338, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18696059069406906, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02739199995994568, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3418585667400547, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07072000205516815, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.25071258512287853, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07928000018000603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15362795225421783, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09491200000047684, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.05896854358156757, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.4968319982290268, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.23938710142552594, 1, 0.0, 1},
 };
 static const Point tf32_19_unaligned[] = {
-    {2047, 2047, 2047, 0.2035840004682541, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.06553672277986886, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11923199892044067, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2562581310250817, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6621439456939697, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.028619147937570068, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10076539069500794, 1, 0.0, 0},
-    {4096, 1, 4096, 0.09254399687051773, 8.317766166719343, 0.0, 8.317766166719343, 0.21517143706495787, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09948799759149551, 0.0, 8.317766166719343, 8.317766166719343, 0.28893633354521475, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10795200243592262, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.14211139899728617, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14652800559997559, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1321474209889938, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08609599992632866, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.1123789171382913, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07760000228881836, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.20749388070157, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4254239797592163, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.018278496472781007, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03452799841761589, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14981688359699427, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2035840004682541, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.06486301228266401, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11923199892044067, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.25592276833282757, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6621439456939697, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02876662893276362, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10107054328300918, 1, 0.0, 0},
+    {4096, 1, 4096, 0.09254399687051773, 8.317766166719343, 0.0, 8.317766166719343, 0.21902746978246754, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09948799759149551, 0.0, 8.317766166719343, 8.317766166719343, 0.2928000688827447, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10795200243592262, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.14043489658906994, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14652800559997559, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.13553656395449531, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08609599992632866, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.11607084038321455, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07760000228881836, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21038663302161306, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4254239797592163, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01862102665801299, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03452799841761589, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1499789095763118, 1, 0.0, 0},
 };
 static const Point tf32_20_aligned[] = {
-    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.07867739604218567, 1, 0.0, 0},
-    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06633165150729282, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05453502352945727, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.03191294275288912, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006894884950418417, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0014163372607509394, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.4888421089578455, 1, 0.0, 0},
-    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.35930811677283736, 1, 0.0, 0},
-    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.05934616918342752, 1, 0.0, 0},
-    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.15204845628789673, 1, 0.0, 0},
-    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.008611473209084007, 1, 0.0, 0},
-    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01053742350176432, 1, 0.0, 0},
-    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.15339161063873383, 1, 0.0, 0},
-    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.020656509523365993, 1, 0.0, 0},
-    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.008933297695594037, 1, 0.0, 0},
-    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0014384327846648397, 1, 0.0, 0},
-    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.12171110334569826, 1, 0.0, 0},
-    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.05219602386303631, 1, 0.0, 0},
-    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.10971483858563653, 1, 0.0, 0},
-    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03927666550467632, 1, 0.0, 0},
-    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.13144130942726112, 1, 0.0, 0},
-    {5, 4096, 4096, 0.2702080011367798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.28575454515073206, 1, 0.0, 0},
-    {3, 4096, 11008, 0.801008015871048, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4117050096468696, 1, 0.0, 0},
-    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.004485903238257855, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.12669084297311198, 1, 0.0, 0},
-    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0014748254843981645, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.006685874073218126, 1, 0.0, 0},
-    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00019443731865347743, 1, 0.0, 0},
-    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.24866413495533088, 1, 0.0, 0},
-    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.20830588927011917, 1, 0.0, 0},
-    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.24068735168405248, 1, 0.0, 0},
-    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.26395774963933716, 1, 0.0, 0},
-    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.4612748338654387, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.39967868095798503, 1, 0.0, 0},
-    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.2562260209345203, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.32593392077315464, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.2357534740268552, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09412728297795928, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.05363585588942891, 1, 0.0, 0},
-    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11896065655164802, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2786005018037978, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33255029695969074, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.31950496681286283, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15299967728502192, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.2024808361634397, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5754556138341965, 1, 0.0, 1},
+    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0787211734443588, 1, 0.0, 0},
+    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06637859792593541, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05450408443275694, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.03190013891056452, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006881451318557915, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0014027037820890764, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.48884021563570546, 1, 0.0, 0},
+    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.3593653755873567, 1, 0.0, 0},
+    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.059392128018844706, 1, 0.0, 0},
+    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.15210184392533263, 1, 0.0, 0},
+    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.008578172142935884, 1, 0.0, 0},
+    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010504122435616185, 1, 0.0, 0},
+    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1534465059162792, 1, 0.0, 0},
+    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.020618351305245964, 1, 0.0, 0},
+    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.008891042877856761, 1, 0.0, 0},
+    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0013973184429556154, 1, 0.0, 0},
+    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1217672080100198, 1, 0.0, 0},
+    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.052160432222218535, 1, 0.0, 0},
+    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.10977094324995816, 1, 0.0, 0},
+    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03932393985006655, 1, 0.0, 0},
+    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.13149867461418566, 1, 0.0, 0},
+    {5, 4096, 4096, 0.2702080011367798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.28581149423623237, 1, 0.0, 0},
+    {3, 4096, 11008, 0.801008015871048, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4117633441439903, 1, 0.0, 0},
+    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.004474826290348897, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.12667936835881835, 1, 0.0, 0},
+    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.001465726428724906, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.006689636330698073, 1, 0.0, 0},
+    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00019424003013267097, 1, 0.0, 0},
+    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.24873154297306768, 1, 0.0, 0},
+    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.20836471379373472, 1, 0.0, 0},
+    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.2407520237592213, 1, 0.0, 0},
+    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.2640280412138671, 1, 0.0, 0},
+    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.46133855375045935, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.39968451936476984, 1, 0.0, 0},
+    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.2562596423282547, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.3259247995240658, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.23574354951004925, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09411464740729315, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.05362725630660409, 1, 0.0, 0},
+    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11894957960373918, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.27859527485000585, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33254653470221085, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.31950520347072753, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15299867277561136, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20247185699502865, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5754422504232186, 1, 0.0, 1},
 };
 static const Point tf32_20_unaligned[] = {
-    {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022833854183591906, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.23782574611413107, 1, 0.0, 0},
-    {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03367552855188702, 1, 0.0, 0},
-    {127, 4099, 1023, 0.10513600334525108, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06166661538345434, 1, 0.0, 0},
-    {4096, 1, 4096, 0.2961440086364746, 8.317766166719343, 0.0, 8.317766166719343, -0.14560106985092758, 1, 0.0, 0},
-    {1, 4096, 4096, 0.3405120074748993, 0.0, 8.317766166719343, 8.317766166719343, -0.005996532317118072, 1, 0.0, 0},
-    {16, 11008, 4096, 0.34305599331855774, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.108061806256045, 1, 0.0, 0},
-    {8, 6144, 6144, 0.5187519788742065, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.0033914858615437353, 1, 0.0, 0},
-    {4096, 12, 4096, 0.2840000092983246, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.19239472619326806, 1, 0.0, 0},
-    {13, 5000, 3001, 0.2646560072898865, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.002716083414117251, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.4191360473632812, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.019609489303432624, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13930289567833862, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022830940549457703, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.23781220024687003, 1, 0.0, 0},
+    {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03366331631878418, 1, 0.0, 0},
+    {127, 4099, 1023, 0.10513600334525108, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06167571719930633, 1, 0.0, 0},
+    {4096, 1, 4096, 0.2961440086364746, 8.317766166719343, 0.0, 8.317766166719343, -0.14578324816770394, 1, 0.0, 0},
+    {1, 4096, 4096, 0.3405120074748993, 0.0, 8.317766166719343, 8.317766166719343, -0.006178710633894332, 1, 0.0, 0},
+    {16, 11008, 4096, 0.34305599331855774, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.10820891485762672, 1, 0.0, 0},
+    {8, 6144, 6144, 0.5187519788742065, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.003197831673630464, 1, 0.0, 0},
+    {4096, 12, 4096, 0.2840000092983246, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.19257524446719484, 1, 0.0, 0},
+    {13, 5000, 3001, 0.2646560072898865, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.0025638411329734945, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.4191360473632812, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01960256514739914, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13929878924070468, 1, 0.0, 0},
 };
 
 static const Member members[21] = {
     {64, 128, 32, 1, 1, true, true,
-     {tf32_0_aligned, 46, {0.005403056593196198, 0.00029439257396036934, 0.0006487764394934764, 0.0, 0.0}, 1.8380018145046588},
-     {tf32_0_unaligned, 12, {0.011034018064379035, 0.0006238848153942419, 0.001151231101887662, 0.031159131431722522, 0.0}, 1.0}
+     {tf32_0_aligned, 46, {0.005402419014200477, 0.00029435917381750326, 0.0006490168818542449, 0.0, 0.0}, 1.8380295431992044},
+     {tf32_0_unaligned, 12, {0.011030444864219172, 0.0006252352099100473, 0.0011425048780216997, 0.030738494418731454, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 4, 1, true, true,
      {tf32_1_aligned, 46, {0.0059139444205310145, 0.00015237743584428764, 0.009409960632019798, 0.07073248327684846, 0.0}, 1.1675326519983098},
-     {tf32_1_unaligned, 12, {0.023444446727179803, 0.00026367909755996847, 0.0030123384026977495, 0.15380962488619385, 0.0}, 1.0}
+     {tf32_1_unaligned, 12, {0.023384450004730353, 0.00026828079941591186, 0.003035206663959412, 0.15202568908759878, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_2_aligned, 46, {0.004401561246373007, 0.0005973083285916149, 0.004798940438808923, 0.01023409849216391, 0.0}, 1.5074909655515023},
-     {tf32_2_unaligned, 12, {0.01066445496358523, 0.0002842262803855377, 0.0, 0.4096574631381418, 0.0}, 1.0}
+     {tf32_2_aligned, 46, {0.004401289067543483, 0.0005974720776450125, 0.004799062036216383, 0.010205361567491314, 0.0}, 1.5075487079736},
+     {tf32_2_unaligned, 12, {0.010741864292845892, 0.0002810067523404674, 0.0, 0.4103000100169788, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
@@ -19532,86 +19766,86 @@ static const Member members[21] = {
      , true, 1
     },
     {64, 64, 32, 128, 1, true, true,
-     {tf32_4_aligned, 46, {0.03310876494645219, 0.0, 0.0013606378141015898, 0.12803950173617673, 8.576430747031829}, 1.3435104239167608},
-     {tf32_4_unaligned, 12, {0.05478915954780427, 0.0, 0.0007815858729059526, 0.0, 65.06877865843596}, 1.0}
+     {tf32_4_aligned, 46, {0.03310927834589598, 0.0, 0.001361092607598048, 0.12803390173892512, 8.56113503115044}, 1.3435229097258625},
+     {tf32_4_unaligned, 12, {0.05443542897630113, 0.0, 0.0007839492997669327, 0.0, 65.32547875031015}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 2, 1, true, true,
-     {tf32_5_aligned, 46, {0.007979949369195464, 0.0004951271051248315, 0.0062085327605773, 0.0, 0.0}, 1.3351174373260435},
-     {tf32_5_unaligned, 12, {0.011083944706507212, 0.0002521638804495771, 0.006967021945810026, 0.2810143015051272, 0.4670966930545624}, 1.0}
+     {tf32_5_aligned, 46, {0.007976460673673063, 0.0004951553445777353, 0.006211777969735595, 0.0, 0.0}, 1.3351182749726218},
+     {tf32_5_unaligned, 12, {0.01107462392246792, 0.0002484127036387153, 0.007059107162618718, 0.2821607750391595, 0.45282748827111297}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_6_aligned, 46, {0.0033032999375984325, 0.0005344924665256447, 0.003446345055106726, 0.0, 0.0}, 1.4825182289796486},
-     {tf32_6_unaligned, 12, {0.01012910514645252, 0.00036245769360337873, 0.0, 0.32585275831569277, 0.0}, 1.0}
+     {tf32_6_aligned, 46, {0.003305551679452969, 0.0005345763249377027, 0.003445383748029547, 0.0, 0.0}, 1.4824918402572478},
+     {tf32_6_unaligned, 12, {0.010174820533217893, 0.00036029388069781375, 0.0, 0.3263810412167622, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_7_aligned, 46, {0.0036584661976853503, 0.0005481030696810307, 0.00641955523375401, 0.019253334536283237, 0.0}, 1.1014046454879214},
-     {tf32_7_unaligned, 12, {0.0, 0.0, 0.01864188700730262, 0.3732582099123829, 0.0}, 1.0}
+     {tf32_7_aligned, 46, {0.003658538423985575, 0.0005482484284450613, 0.006419469833698271, 0.019230695526479227, 0.0}, 1.1014344454161333},
+     {tf32_7_unaligned, 12, {0.0, 0.0, 0.01862059219226142, 0.3731727308611774, 0.0}, 1.0}
      , 2, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_8_aligned, 46, {0.003398033247947743, 0.00033571464330988424, 0.0005786029544364056, 0.0, 0.0}, 1.2798824655172625},
-     {tf32_8_unaligned, 12, {0.0172327645851953, 0.00033790614642962414, 0.0, 0.008907186678695011, 0.0}, 1.0}
+     {tf32_8_aligned, 46, {0.00339758152742476, 0.0003357073238517985, 0.0005787689600664701, 0.0, 0.0}, 1.2798877923962735},
+     {tf32_8_unaligned, 12, {0.017238852666540863, 0.00033883804039905053, 0.0, 0.008434532394691132, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 8, 1, true, true,
-     {tf32_9_aligned, 46, {0.009360680187874391, 0.00018801202073436227, 0.008598019519055148, 0.05208871613624453, 0.0}, 1.1848143844575152},
-     {tf32_9_unaligned, 12, {0.02370336948912186, 0.0003030174021725225, 0.0037718740385803235, 0.133270548793439, 0.0}, 1.0}
+     {tf32_9_aligned, 46, {0.009358057255535877, 0.00018804672580891016, 0.008599858342801612, 0.05207081636763291, 0.0}, 1.1848110138090442},
+     {tf32_9_unaligned, 12, {0.023886730474558013, 0.0003011258011968935, 0.003745831840873908, 0.1342669851719044, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {tf32_10_aligned, 46, {0.005109238830813482, 0.0003931221839960415, 0.0017651364263228532, 0.0, 0.0}, 1.672250073061487},
-     {tf32_10_unaligned, 12, {0.0, 0.0003993928447746428, 0.010386443991309871, 0.22664016221958166, 0.0}, 1.0}
+     {tf32_10_aligned, 46, {0.00511049891149642, 0.0003931915460255322, 0.0017644578992893885, 0.0, 0.0}, 1.6722101177862827},
+     {tf32_10_unaligned, 12, {0.0, 0.0004003222629168849, 0.010368266802721036, 0.22642186210875445, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
+    {16, 2, 512, 1, 4, true, false,
+     {tf32_11_aligned, 11, {0.019006679744882793, 0.0004676838598522613, 0.0, 0.0, 68.21514417457529}, 1.0},
+     {tf32_11_unaligned, 6, {0.0, 0.0010602814808659264, 0.0, 0.0, 0.0}, 1.0}
+     , 1, 1
+     , true, 0
+    },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_11_aligned, 46, {0.003509813477734568, 0.000514283041011471, 0.001051224333404967, 0.0022765661006891942, 0.0}, 1.0},
-     {tf32_11_unaligned, 12, {0.010927271314594861, 0.0004834596425161484, 0.0, 0.0, 0.0}, 1.0}
+     {tf32_12_aligned, 46, {0.0035103079757469566, 0.0005142407175175676, 0.001051099178153533, 0.0022996101400496655, 0.0}, 1.0},
+     {tf32_12_unaligned, 12, {0.01092629061899639, 0.00048342318646567794, 0.0, 0.0, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 3, 1, true, true,
-     {tf32_12_aligned, 46, {0.004949729616790815, 0.00045210897557162544, 0.0062898246447272025, 0.0, 0.0}, 1.1908999113241874},
-     {tf32_12_unaligned, 12, {0.02154783712752486, 0.0004935659819441016, 0.0021301961786274427, 0.09153046070874647, 0.0}, 1.0}
+     {tf32_13_aligned, 46, {0.004949729616790815, 0.00045210897557162544, 0.0062898246447272025, 0.0, 0.0}, 1.1908999113241874},
+     {tf32_13_unaligned, 12, {0.021552236349083632, 0.0004957940782603832, 0.0021272755184537154, 0.0908162944340113, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 64, 32, 4, 1, true, true,
-     {tf32_13_aligned, 46, {0.004071728766541877, 0.000393868035079694, 0.006528390966246523, 0.0, 0.0}, 1.2569270127620418},
-     {tf32_13_unaligned, 12, {0.02303597692795982, 0.0002735046300374942, 0.0, 0.1400196593459776, 1.7545961767328597}, 1.0}
+     {tf32_14_aligned, 46, {0.004074663427161314, 0.00039383829493176876, 0.00652361525111896, 0.0, 0.0}, 1.2569218198007912},
+     {tf32_14_unaligned, 12, {0.02306683605182975, 0.00027413442241717344, 0.0, 0.13979494948431498, 1.7526494939749728}, 1.0}
      , 1, 1
      , false, 0
     },
-    {16, 4, 512, 1, 2, true, false,
-     {tf32_14_aligned, 11, {0.020404561750609156, 0.0004482944165945224, 0.0, 0.0, 34.373576183743694}, 1.0},
-     {tf32_14_unaligned, 6, {0.0, 0.0011216654892739983, 0.0, 0.0, 0.0}, 1.0}
-     , 1, 1
-     , true, 0
-    },
     {128, 240, 32, 1, 1, true, true,
-     {tf32_15_aligned, 46, {0.004643889228373958, 0.0005873742180729008, 0.0045466139109219175, 0.006500534076402267, 0.0}, 1.4647319314166494},
-     {tf32_15_unaligned, 12, {0.009627308915772303, 0.00032212659906864365, 0.0, 0.3786525359370981, 0.0}, 1.0}
+     {tf32_15_aligned, 46, {0.004643580660699723, 0.0005875824246424393, 0.004546726773597899, 0.006461396942088567, 0.0}, 1.4647679222236252},
+     {tf32_15_unaligned, 12, {0.009688806609152209, 0.00031937004029749557, 0.0, 0.37931138816658216, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_16_aligned, 46, {0.00331817589065889, 0.0005322056886938383, 0.004488638188998593, 0.0, 0.0}, 1.4188844822138038},
-     {tf32_16_unaligned, 12, {0.010270649531294428, 0.0003632764012798627, 0.0, 0.32525175534655026, 0.0}, 1.0}
+     {tf32_16_aligned, 46, {0.0033215334218750477, 0.0005322990337257907, 0.004487487134213217, 0.0, 0.0}, 1.418859654451633},
+     {tf32_16_unaligned, 12, {0.01031513800408817, 0.0003611706141132911, 0.0, 0.325765532845311, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 8, 1, true, true,
-     {tf32_17_aligned, 46, {0.010783089734416149, 0.00013693087618955676, 0.008158160292652768, 0.06575295345931506, 0.0}, 1.1981800537427565},
-     {tf32_17_unaligned, 12, {0.024203789229436286, 0.0002581526675723814, 0.003795233370769085, 0.14625344171457064, 0.0}, 1.0}
+     {tf32_17_aligned, 46, {0.01077940001219088, 0.00013697761731659648, 0.008160707637502665, 0.06572777240765984, 0.0}, 1.1981761765655992},
+     {tf32_17_unaligned, 12, {0.024425393524007435, 0.0002558844192965198, 0.0037640684882153763, 0.14744465146338442, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
@@ -19622,14 +19856,14 @@ static const Member members[21] = {
      , true, 1
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_19_aligned, 46, {0.003963082756802936, 0.0006645130904725412, 0.004949283918889406, 0.008422500201920835, 0.0}, 1.286685534296382},
-     {tf32_19_unaligned, 12, {0.01070025882787576, 0.0002871792545278605, 0.0, 0.40170492194543517, 0.0}, 1.0}
+     {tf32_19_aligned, 46, {0.003962766097336779, 0.0006646854361354047, 0.004949372603175162, 0.00839279249546578, 0.0}, 1.2867312835361764},
+     {tf32_19_unaligned, 12, {0.010776351747952466, 0.00028400526268337916, 0.0, 0.40234018743250716, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 2, true, false,
-     {tf32_20_aligned, 46, {0.005477657957199589, 0.0013978911987142875, 0.003040772380011666, 0.2236975586175978, 0.0}, 1.5614559064673552},
-     {tf32_20_unaligned, 12, {0.0275646579288862, 0.0023005893969391226, 0.0006977600498143631, 0.2930836689999969, 0.0}, 1.0}
+     {tf32_20_aligned, 46, {0.0054776504046527485, 0.0013977922812238497, 0.0030406805273619046, 0.22371473668868538, 0.0}, 1.561440697694466},
+     {tf32_20_unaligned, 12, {0.027592250076272605, 0.0023012449781467576, 0.0006517577069303113, 0.29303795911051017, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },

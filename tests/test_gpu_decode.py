@@ -1,6 +1,6 @@
 """GPU tests of the decode kernel (issue 28) against float64: M from 1 to 16 (A's rows in shared
 memory) and N from 1 to 16 with a large M (C^T = B^T A^T), more than 16 rows (several passes), odd K
-(the scalar variant), K across several shared K tiles, leading dimensions past the width, pointers
+and short K at every shift of a column from 16 bytes (the unaligned variant), K across several shared K tiles, leading dimensions past the width, pointers
 one float off 16 bytes, beta != 0 and beta == 0 over a C full of NaN, K split over a column group's
 warps (slices), C column-major, and strided batches (packed, stride 0 broadcast, batch 0). Every
 matrix lies in a NaN-filled buffer: nothing outside C may be written. Each test runs on the FFMA
@@ -34,6 +34,11 @@ SPECS = {
     "decode_slices": replace(SHIPPED.with_values(decode_columns=4, decode_warps=8, decode_slices=4),
                              name="decode_slices"),                                    # K over 4 warps
     "decode_ccol": replace(SHIPPED.with_values(layout_C="col", decode_columns=1), name="decode_ccol"),
+    # 4 column groups of 4 columns: unaligned, a warp's columns are every 4th, so they share their shift
+    "decode_groups4": replace(SHIPPED.with_values(decode_columns=4, decode_warps=4), name="decode_groups4"),
+    # one column, K over 2 warps: a lane's last step of a K tile reaches past it (8 float4s in flight)
+    "decode_1col_slices": replace(SHIPPED.with_values(decode_columns=1, decode_warps=8, decode_slices=2),
+                                  name="decode_1col_slices"),
     # the tensor path: one tile of 16 columns x 8 warps (K slices); 2 tiles x 4 warps; 2 tiles x 4 warps
     # with C column-major; 1 tile x 4 warps (a block of 4 warps); 4 tiles x 4 warps (a block of 16)
     "decode_tf32": replace(SHIPPED.with_values(math="tf32"), name="decode_tf32"),
@@ -181,6 +186,18 @@ def test_k_across_several_shared_tiles(name, kernels, torch):
 def test_leading_dimensions_past_the_width_and_misaligned_pointers(name, pad, offset, kernels, torch):
     for M, N, K in ((4, 333, 256), (333, 7, 256), (1, 64, 99)):
         check(torch, kernels(name), M, N, K, pad=pad, offset=offset)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("pad,offset", [(1, 0), (2, 1), (3, 3), (5, 2)])
+def test_short_unaligned_k_at_every_shift(name, pad, offset, kernels, torch):
+    # Unaligned, FFMA reads a column in float4s from the 16-byte boundary at or before its start: K of
+    # 1 to 9 has no float4 wholly inside it, or one, or two, beside up to 3 floats before and after
+    # (and the NaNs around every matrix must not reach C).
+    for K in range(1, 10):
+        check(torch, kernels(name), 3, 37, K, pad=pad, offset=offset)
+        check(torch, kernels(name), 37, 2, K, pad=pad, offset=offset)
+        check(torch, kernels(name), 16, 70, K + 20, pad=pad, offset=offset)
 
 
 @pytest.mark.parametrize("name", list(SPECS))

@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 MAX_ROWS = 16               # rows of the small operand per pass (a compile-time count of 1, 2, 4, 8 or 16)
 ROW_COUNTS = (1, 2, 4, 8, 16)
 TILE_FLOATS = 8192          # shared floats of the small operand per K tile (32 KB): K tile = 8192 / rows
+TILE_HALO = 4               # unaligned calls: the floats before each row's tile, which shifted columns read too
+UNALIGNED_TILE_FLOATS = 7680  # unaligned calls: K tile = this / rows, so that the rows' tiles with their halos and a
+                            # float of padding per 32 still fit TILE_FLOATS
 LOADS_IN_FLIGHT = 8         # vector loads of the big operand each lane issues before its FFMAs
 TENSOR_LOADS_IN_FLIGHT = 8  # the tensor path's float4s of its two columns per lane in flight: two batches of a chunk
 MMA_COLUMNS = 16            # the tensor path's columns per warp (a tile): mma.sync m16n8k8's M
@@ -67,9 +70,14 @@ PRODUCTS = {"simt": 0, "tf32": 1, "3xtf32": 3}
 
 @dataclass(frozen=True)
 class Decode(Mainloop):
-    """FFMA: each lane multiplies float4s (floats, unaligned) of its warp's columns by the matching
-    float4s of every row of the small operand, read from shared memory once per float4 and reused
-    over the warp's columns."""
+    """FFMA: each lane multiplies float4s of its warp's columns by the matching float4s of every row
+    of the small operand, read from shared memory once per float4 and reused over the warp's columns.
+    Unaligned (a row of either operand not 16-byte aligned), a column is still read in float4s, from
+    the 16-byte boundary at or before its start (its shift: 0 to 3 floats), and multiplied by the rows
+    read as far back in the shared tile, which holds TILE_HALO floats before each row's K tile; a warp's
+    columns are every GROUPS-th of the block's, so where GROUPS is a multiple of 4 they share their
+    shift and a row's floats are read once for all of them. Up to 3 floats at each end of a column
+    (outside its whole float4s) are multiplied after the K loop."""
 
     # unroll (the base's field): steps of a lane's loop whose loads are issued together, LOADS_IN_FLIGHT
     # vector loads in all (decode_unroll)
@@ -82,6 +90,8 @@ class Decode(Mainloop):
 
     name = "decode"
     tile_floats = TILE_FLOATS
+    tile_halo = TILE_HALO
+    unaligned_tile_floats = UNALIGNED_TILE_FLOATS
     chunk = CHUNK
     blocked_rows = BLOCKED_ROWS
     block_products = BLOCK_PRODUCTS
@@ -165,7 +175,7 @@ class Decode(Mainloop):
         return min(self.unroll, BLOCK_PRODUCTS // 4)
 
     # --- rows, needs and explain's words
-    no_needs = "nothing (scalar loads only)"
+    no_needs = "nothing (unaligned: the big operand still in float4s, each column from the 16-byte boundary before it)"
 
     def rows(self, plan: Plan) -> list[tuple[str, str]]:
         small = "through L1" if self.products else "in shared memory"
@@ -195,7 +205,10 @@ class Decode(Mainloop):
             ("columns per warp", f"{self.columns}, {self.unroll} step(s) of {self.columns} vector loads in "
                                  f"flight per lane ({self.unroll * self.columns} float4s)"),
             ("shared small operand", f"{TILE_FLOATS} floats per K tile: K tile = {TILE_FLOATS} / rows "
-                                     f"({TILE_FLOATS // MAX_ROWS} at {MAX_ROWS} rows)"),
+                                     f"({TILE_FLOATS // MAX_ROWS} at {MAX_ROWS} rows); unaligned, K tile = "
+                                     f"{UNALIGNED_TILE_FLOATS} / rows, with the {TILE_HALO} floats before it (which "
+                                     f"a column read from the 16-byte boundary before it reaches back to) and a "
+                                     f"float of padding per 32 (no bank conflicts)"),
             ("lane sums", f"passes of 1 to {BLOCKED_ROWS} rows: the products of a row and column summed from "
                           f"zero in blocks of {self.block_loads * 4} (float4 loads), each then added into the "
                           f"lane's sum (chains of at most {BLOCK_PRODUCTS} adds plus the lane's blocks: cuBLAS "
