@@ -20362,8 +20362,9 @@ static int best(int M, int N, int K, bool use_aligned, bool split, int sm_count,
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
-        // an aligned call of N <= 16 (and below M): the decode members alone, where the library has one (selection.decode_call)
-        if (true && use_aligned && !m.decode && N <= 16 && M > N) continue;
+        // an aligned call of N <= 16 (and below M), or of M <= 8 (and below N): the decode members alone,
+        // where the library has one (selection.decode_call)
+        if (true && use_aligned && !m.decode && ((N <= 16 && M > N) || (M <= 8 && N > M))) continue;
         const double ms = predict(m, model, M, N, K, sm_count, batch, use_aligned && split);
         if (ms < best_ms) { found = i; best_ms = ms; }
     }

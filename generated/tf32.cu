@@ -12,23 +12,23 @@
 // Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 58 shapes; 220 candidate kernels
 // timed, 21 kept:
 //   tf32_0   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
-//   tf32_1   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=4-workspace  (sm_90a, from lib_tf32_skinny_workspace)
-//   tf32_2   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
-//   tf32_3   decode=4x8x2 math=tf32  (sm_90, from lib_tf32_decode_tc)
+//   tf32_1   decode=4x8x2 math=tf32  (sm_90, from lib_tf32_decode_tc)
+//   tf32_2   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=8  (sm_90a, from lib_tf32_skinny)
+//   tf32_3   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_4   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
-//   tf32_5   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_tf32_split_workspace)
+//   tf32_5   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=4-workspace  (sm_90a, from lib_tf32_skinny_workspace)
 //   tf32_6   block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_7   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
-//   tf32_8   block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
-//   tf32_9   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 split=8-workspace  (sm_90a, from lib_tf32_skinny_workspace)
+//   tf32_8   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_tf32_split_workspace)
+//   tf32_9   block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
 //   tf32_10  block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
 //   tf32_11  decode=1x4x2  (sm_90, from lib_tf32_decode)
 //   tf32_12  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
 //   tf32_13  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3-workspace  (sm_90a, from lib_tf32_split_workspace)
 //   tf32_14  block=128x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_tf32_split_workspace)
 //   tf32_15  block=128x240x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_wide)
-//   tf32_16  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
-//   tf32_17  block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=8-workspace  (sm_90a, from lib_tf32_skinny_workspace)
+//   tf32_16  block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 split=8-workspace  (sm_90a, from lib_tf32_skinny_workspace)
+//   tf32_17  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
 //   tf32_18  decode=2x16x2 math=tf32  (sm_90, from lib_tf32_decode_tc)
 //   tf32_19  block=128x256x32 math=tf32 vec=A1B1 stages=3 frag=1 group=8 staged  (sm_90a, from lib_tf32_staged)
 //   tf32_20  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
@@ -37,7 +37,7 @@
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.002, worst 1.349.
+// over the best there: median 1.000, worst 1.349.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
 // compute capability 9.0; elsewhere tf32_20 runs.
 //
@@ -1080,1996 +1080,6 @@ static inline int gemmgen_tf32_0(int M, int N, int K, float alpha, const float* 
 //
 // spec:
 //   kernel tf32_1 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 128 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   8 tma
-//     raster   row
-//     split    4 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197768 bytes per block
-//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_1_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_1(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_1_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_1_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_1_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_1_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_1_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_1_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_1_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_1_fallback_kernel<true> : gemmgen_tf32_1_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_1_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_1_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_1_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_1_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 8;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 197768;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
-// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
-// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
-// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
-// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
-// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
-// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
-// tile's again, for the next launch on the same workspace.
-constexpr int CONSUMER_THREADS = CONSUMERS * 128;
-constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
-constexpr int SLOT_FLOATS = BM * BN;
-constexpr int COUNTER_FLOATS = 32;
-constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
-constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
-static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
-
-// The block's consumer warpgroups only (its producer warpgroup has returned).
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
-}
-
-// Writes this thread's share of the slice's product to its slot and counts the block in; true in
-// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
-__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
-                                           int* last) {
-    float* region = workspace + blockIdx.x * REGION_FLOATS;
-    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2)
-            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
-    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
-    consumers_sync();
-    if (consumer_thread == 0) {
-        int* counter = reinterpret_cast<int*>(region);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
-        *last = arrived == SPLIT_K;
-    }
-    consumers_sync();
-    if (!*last) return false;
-    __threadfence();  // the other slices' sums, seen after their counts
-    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2) {
-            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-            acc[i][j] = first.x;
-            acc[i][j + 1] = first.y;
-        }
-    for (int y = 1; y < SPLIT_K; ++y) {
-        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
-#pragma unroll
-        for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; j += 2) {
-                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-                acc[i][j] += sums.x;
-                acc[i][j + 1] += sums.y;
-            }
-    }
-    return true;
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        float* __restrict__ workspace,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    // Split K through the workspace: this slice's product to its slot; the block that counts in last
-    // holds the tile's sum in acc and stores it below, the others are done.
-    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_1_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-#include <mutex>
-
-namespace gemmgen_tf32_1_impl {
-// Split K's workspace (see split K above): one per device and stream, since kernels on one
-// stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
-// allocates, so it cannot be the first call inside a CUDA graph capture.
-static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
-    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
-    static std::mutex lock;
-    static Entry entries[16];
-    static unsigned long long calls = 0;
-    std::lock_guard<std::mutex> guard(lock);
-    Entry* entry = nullptr;
-    for (Entry& e : entries)
-        if (e.memory && e.stream == stream && e.device == device) entry = &e;
-    if (!entry) {  // a free entry, or the one used longest ago
-        entry = &entries[0];
-        for (Entry& e : entries)
-            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
-    }
-    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
-        if (entry->memory) {
-            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
-            entry->memory = nullptr;
-            if (freed != cudaSuccess) return freed;
-        }
-        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
-        cudaError_t error = cudaMalloc(&entry->memory, size);
-        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
-        error = cudaMemsetAsync(entry->memory, 0, size, stream);
-        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
-        *entry = Entry{stream, device, size, entry->memory, 0};
-    }
-    entry->used = ++calls;
-    *workspace = static_cast<float*>(entry->memory);
-    return cudaSuccess;
-}
-}  // namespace gemmgen_tf32_1_impl
-
-static inline int gemmgen_tf32_1_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_1_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_1_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_1_kernel<true> : gemmgen_tf32_1_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_1_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 2: tf32_2 ===========================================
-// gemmgen_tf32_2: generated by gemmgen 0.1.0 from <library tf32: tf32_2> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_2 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 256 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   group 8
-//     schedule persistent
-//     epilogue alpha beta staged
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
-//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_2_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_2(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_2_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_2_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_2_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_2_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_2_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_2_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_2_fallback_kernel<true> : gemmgen_tf32_2_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_2_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_2_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_2_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 230464;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = tile;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- the tile scheduler (schedule persistent) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K, int batch) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
-    }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-};
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K, batch);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0, batch_index;
-                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
-                }
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
-    float acc[TM][RN * TN];
-    int it = 0;  // K tiles of earlier segments
-    for (Segment segment; schedule.next(segment);) {
-        int block_m0, block_n0, batch_index;
-        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
-        const int k_tiles = segment.k_end - segment.k_begin;
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = (it + t) % STAGES;
-            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-            const float* b_tile = sB + s * B_STAGE_FLOATS;
-            fence_accumulators(acc);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8)
-                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-            wgmma_commit();
-            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-            fence_accumulators(acc);
-            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
-        }
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
-        it += k_tiles;
-
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            {
-                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-                const bool swap = lane / 4 % 2;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                                }
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                                // addressed: a register array indexed at run time would go to local memory)
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                            }
-                        }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                        ++stored_boxes;
-                    }
-                }
-            }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
-                            }
-                    }
-            }
-        }
-    }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
-#endif
-}
-
-}  // namespace gemmgen_tf32_2_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_2_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_2_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_2_kernel<true> : gemmgen_tf32_2_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_2_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 3: tf32_3 ===========================================
-// gemmgen_tf32_3: generated by gemmgen 0.1.0 from <library tf32: tf32_3> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_3 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     decode   columns 4 warps 8 slices 2
@@ -3094,13 +1104,13 @@ static inline int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* 
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_3(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_1(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_3_impl {
+namespace gemmgen_tf32_1_impl {
 
 // ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
@@ -3628,7 +1638,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 2)
-gemmgen_tf32_3_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_1_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -3674,7 +1684,7 @@ gemmgen_tf32_3_kernel(int M, int N, int K, float alpha, const float* __restrict_
     }
 }
 
-}  // namespace gemmgen_tf32_3_impl
+}  // namespace gemmgen_tf32_1_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -3684,11 +1694,11 @@ gemmgen_tf32_3_kernel(int M, int N, int K, float alpha, const float* __restrict_
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_1_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_3_impl;
+    using namespace gemmgen_tf32_1_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -3711,12 +1721,1893 @@ static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_3_kernel<true> : gemmgen_tf32_3_kernel<false>;
+        aligned ? gemmgen_tf32_1_kernel<true> : gemmgen_tf32_1_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_1_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 2: tf32_2 ===========================================
+// gemmgen_tf32_2: generated by gemmgen 0.1.0 from <library tf32: tf32_2> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_2 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   8 tma
+//     raster   row
+//     split    8
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197760 bytes per block
+//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_2_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_2(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_2_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_2_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_2_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_2_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_2_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_2_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_2_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_2_fallback_kernel<true> : gemmgen_tf32_2_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_2_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_2_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_2_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_2_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 8;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 197760;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_2_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_2_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_2_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_2_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_2_kernel<true> : gemmgen_tf32_2_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_2_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_2_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 3: tf32_3 ===========================================
+// gemmgen_tf32_3: generated by gemmgen 0.1.0 from <library tf32: tf32_3> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_3 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 256 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   group 8
+//     schedule persistent
+//     epilogue alpha beta staged
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 256 x 32
+//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
+//   accumulators               128 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
+//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_3_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_3(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_3_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_3_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_3_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_3_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_3_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_3_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_3_fallback_kernel<true> : gemmgen_tf32_3_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_3_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_3_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_3_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 230464;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = tile;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
+    }
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
+    float acc[TM][RN * TN];
+    int it = 0;  // K tiles of earlier segments
+    for (Segment segment; schedule.next(segment);) {
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8)
+                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
+
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                            }
+                        }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
+                    }
+            }
+        }
+    }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+#endif
+}
+
+}  // namespace gemmgen_tf32_3_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_3_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_3_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_3_kernel<true> : gemmgen_tf32_3_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -4615,13 +4506,13 @@ static inline int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_5 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
+//     stages   8 tma
 //     raster   row
-//     split    2 workspace
+//     split    4 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -4629,15 +4520,15 @@ static inline int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
+//   block tile (BM x BN x BK)  64 x 128 x 32
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132168 bytes per block
+//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197768 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_5_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -4678,7 +4569,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -5099,20 +4990,20 @@ static inline int gemmgen_tf32_5_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_5_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 8;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 132168;
+constexpr int SMEM_BYTES = 197768;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -7622,12 +7513,13 @@ static inline int gemmgen_tf32_7(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_8 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 64 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   5 tma
+//     stages   4 tma
 //     raster   row
+//     split    2 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -7635,14 +7527,15 @@ static inline int gemmgen_tf32_7(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132168 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_8_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -7672,856 +7565,6 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_8_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_8_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_8_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_8_fallback_kernel<true> : gemmgen_tf32_8_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_8_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_8_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 5;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 83024;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_8_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_8_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_8_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_8_kernel<true> : gemmgen_tf32_8_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_8_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 9: tf32_9 ===========================================
-// gemmgen_tf32_9: generated by gemmgen 0.1.0 from <library tf32: tf32_9> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_9 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 128 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   6 tma
-//     raster   row
-//     split    8 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 148584 bytes per block
-//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    8 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (256 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_9_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_9_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 1;  // each tile rounded to TF32
@@ -8533,7 +7576,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -8675,7 +7718,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_9_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_tf32_8_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -8753,7 +7796,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -8895,7 +7938,7 @@ gemmgen_tf32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __
 #endif
 }
 
-}  // namespace gemmgen_tf32_9_fallback_impl
+}  // namespace gemmgen_tf32_8_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -8905,11 +7948,11 @@ gemmgen_tf32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_9_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_8_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_9_fallback_impl;
+    using namespace gemmgen_tf32_8_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -8931,43 +7974,43 @@ static inline int gemmgen_tf32_9_fallback_batched(int M, int N, int K, float alp
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_9_fallback_kernel<true> : gemmgen_tf32_9_fallback_kernel<false>;
+        aligned ? gemmgen_tf32_8_fallback_kernel<true> : gemmgen_tf32_8_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_9_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_tf32_8_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_9_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_8_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_9_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_tf32_9_impl {
+namespace gemmgen_tf32_8_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 6;
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 148584;
+constexpr int SMEM_BYTES = 132168;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y), summed through a workspace
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9175,7 +8218,7 @@ __device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], floa
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         float* __restrict__ workspace,
         int batch,
@@ -9301,7 +8344,7 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 #endif
 }
 
-}  // namespace gemmgen_tf32_9_impl
+}  // namespace gemmgen_tf32_8_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -9316,7 +8359,7 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 #include <mutex>
 
-namespace gemmgen_tf32_9_impl {
+namespace gemmgen_tf32_8_impl {
 // Split K's workspace (see split K above): one per device and stream, since kernels on one
 // stream run one after another and can share it. It is grown when a call needs more and kept; it
 // is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
@@ -9352,8 +8395,863 @@ static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t byte
     *workspace = static_cast<float*>(entry->memory);
     return cudaSuccess;
 }
+}  // namespace gemmgen_tf32_8_impl
+
+static inline int gemmgen_tf32_8_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_8_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_8_kernel<true> : gemmgen_tf32_8_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_8_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 9: tf32_9 ===========================================
+// gemmgen_tf32_9: generated by gemmgen 0.1.0 from <library tf32: tf32_9> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_9 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 64 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   5 tma
+//     raster   row
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
+//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_9_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_9_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_9_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_9_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_9_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_9_fallback_kernel<true> : gemmgen_tf32_9_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_9_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_9_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_9_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 5;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 83024;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
 }  // namespace gemmgen_tf32_9_impl
 
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 static inline int gemmgen_tf32_9_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -9430,19 +9328,12 @@ static inline int gemmgen_tf32_9_batched(int M, int N, int K, float alpha, const
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_9_kernel<true> : gemmgen_tf32_9_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -14584,12 +14475,13 @@ static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float*
 //   kernel tf32_16 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 192 x 32
+//     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
-//     raster   group 8
+//     stages   6 tma
+//     raster   row
+//     split    8 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -14597,14 +14489,15 @@ static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 192 x 32
-//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
-//   accumulators               96 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 164928 bytes per block
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 148584 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   raster                     groups of 8 block rows
+//   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
+//   split K                    8 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (256 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_16_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -14625,864 +14518,6 @@ static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float*
 #endif
 
 namespace gemmgen_tf32_16_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_16_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_16_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_16_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_16_fallback_kernel<true> : gemmgen_tf32_16_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_16_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_16_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_16_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 164928;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %98, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_16_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_16_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_16_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_16_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_16_kernel<true> : gemmgen_tf32_16_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_16(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 17: tf32_17 ===========================================
-// gemmgen_tf32_17: generated by gemmgen 0.1.0 from <library tf32: tf32_17> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_17 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 128 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   8 tma
-//     raster   row
-//     split    8 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197768 bytes per block
-//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    8 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (256 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_17_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_17(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_17_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_17_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -15645,7 +14680,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_17_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_tf32_16_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -15723,7 +14758,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_17_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -15865,7 +14900,7 @@ gemmgen_tf32_17_fallback_kernel(int M, int N, int K, float alpha, const float* _
 #endif
 }
 
-}  // namespace gemmgen_tf32_17_fallback_impl
+}  // namespace gemmgen_tf32_16_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -15875,11 +14910,11 @@ gemmgen_tf32_17_fallback_kernel(int M, int N, int K, float alpha, const float* _
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_17_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_16_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_17_fallback_impl;
+    using namespace gemmgen_tf32_16_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -15901,40 +14936,40 @@ static inline int gemmgen_tf32_17_fallback_batched(int M, int N, int K, float al
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_17_fallback_kernel<true> : gemmgen_tf32_17_fallback_kernel<false>;
+        aligned ? gemmgen_tf32_16_fallback_kernel<true> : gemmgen_tf32_16_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_17_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_tf32_16_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_17_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_16_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_16_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_tf32_17_impl {
+namespace gemmgen_tf32_16_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 8;
+constexpr int STAGES = 6;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 197768;
+constexpr int SMEM_BYTES = 148584;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y), summed through a workspace
@@ -16145,7 +15180,7 @@ __device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], floa
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         float* __restrict__ workspace,
         int batch,
@@ -16271,7 +15306,7 @@ gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_tf32_17_impl
+}  // namespace gemmgen_tf32_16_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -16286,7 +15321,7 @@ gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 #include <mutex>
 
-namespace gemmgen_tf32_17_impl {
+namespace gemmgen_tf32_16_impl {
 // Split K's workspace (see split K above): one per device and stream, since kernels on one
 // stream run one after another and can share it. It is grown when a call needs more and kept; it
 // is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
@@ -16322,8 +15357,871 @@ static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t byte
     *workspace = static_cast<float*>(entry->memory);
     return cudaSuccess;
 }
+}  // namespace gemmgen_tf32_16_impl
+
+static inline int gemmgen_tf32_16_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_16_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_16_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_16_kernel<true> : gemmgen_tf32_16_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_16(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 17: tf32_17 ===========================================
+// gemmgen_tf32_17: generated by gemmgen 0.1.0 from <library tf32: tf32_17> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_17 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 192 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   group 8
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 192 x 32
+//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
+//   accumulators               96 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 164928 bytes per block
+//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_17_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_17(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_17_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_17_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_17_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_17_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_17_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_17_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_17_fallback_kernel<true> : gemmgen_tf32_17_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_17_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_17_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 164928;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
 }  // namespace gemmgen_tf32_17_impl
 
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -16400,19 +16298,12 @@ static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, cons
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_17_kernel<true> : gemmgen_tf32_17_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -18561,52 +18452,52 @@ struct Model { const Point* points; int count; double coef[5]; double split_rati
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; int cluster_m, cluster_n; bool decode; int decode_products; };
 
 static const Point tf32_0_aligned[] = {
-    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09036300756020312, 1, 0.0, 0},
-    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10919483432645903, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10104890300977973, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19819695264302703, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.14589074209045108, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.12161482814856978, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.16832275997079424, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.10379032543276281, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.35861659396446816, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.009272749155430814, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3107126209285451, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3134458665478783, 1, 0.0, 0},
-    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.35733764811543145, 1, 0.0, 0},
-    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.35143339724713124, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.6283080296478347, 1, 0.0, 0},
-    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.5921355660444844, 1, 0.0, 0},
-    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.09916218273239741, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8082518939000681, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.4164706092430693, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.34937152513314745, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.01502787985376658, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04705600067973137, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07331751949611279, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10809599980711937, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0072886361545856735, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2012508152826525, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.16404936240127624, 1, 0.0, 0},
-    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10526208131711494, 1, 0.0, 0},
-    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.016841470973280176, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.26698798240870975, 1, 0.0, 0},
-    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.3623437269839209, 1, 0.0, 0},
-    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.338526679939061, 1, 0.0, 0},
-    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.40246587456946725, 1, 0.0, 0},
-    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.4357152133220835, 1, 0.0, 0},
-    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.37007957266500247, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.24431376844139716, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18946713144606148, 1, 0.0, 0},
-    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1594870820086669, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.17183872785298165, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.12727606833422733, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.1579346574232093, 1, 0.0, 0},
-    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.028312586000065056, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.05400642380120791, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6839587921599203, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4050663057651178, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3720896080336266, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14955399003628012, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5365608616566134, 1, 0.0, 1},
+    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09037036858575571, 1, 0.0, 0},
+    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1091972197102792, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10104588122002889, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19818508452977446, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.14587649325128008, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.12159992816532121, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.16833636422168158, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.10380133104465551, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.35862759957636087, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.009259720504013361, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.31072564957996246, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.31345889519929565, 1, 0.0, 0},
+    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.35734865372732405, 1, 0.0, 0},
+    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3514444028590239, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.6283190352597274, 1, 0.0, 0},
+    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.592146571656377, 1, 0.0, 0},
+    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.09917318834429004, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8082628995119607, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.4164816148549619, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3493825307450401, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.015040908505183945, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04705600067973137, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07332852510800547, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10809599980711937, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.007302231576250271, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2012430934670398, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.16403774019197573, 1, 0.0, 0},
+    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10525844297162112, 1, 0.0, 0},
+    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.01684910671057741, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.26697595659892426, 1, 0.0, 0},
+    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.36232897201801, 1, 0.0, 0},
+    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3385125226249278, 1, 0.0, 0},
+    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.40245081186804244, 1, 0.0, 0},
+    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.4356999944476291, 1, 0.0, 0},
+    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.3700650195132247, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2442989548048659, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1894521720005469, 1, 0.0, 0},
+    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15947977138886069, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.17182575754006463, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.1272616672915282, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.15792044347451806, 1, 0.0, 0},
+    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02832030781567782, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.054002411242546455, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6839511564226229, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4050541779474352, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3720961281619851, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14955080706072002, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5365751104957844, 1, 0.0, 1},
 };
 static const Point tf32_0_unaligned[] = {
     {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.004667886760727164, 1, 0.0, 0},
@@ -18623,6 +18514,213 @@ static const Point tf32_0_unaligned[] = {
     {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.020469502403782407, 1, 0.0, 0},
 };
 static const Point tf32_1_aligned[] = {
+    {1, 4096, 4096, 0.03750399872660637, 0.0, 8.317766166719343, 8.317766166719343, 0.012189326192988043, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06511999666690826, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.023737666934414613, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07631999999284744, 0.0, 9.306377560173125, 8.317766166719343, 0.003681682369382783, 1, 0.0, 0},
+    {8, 11008, 4096, 0.07737600058317184, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.01439830441077785, 1, 0.0, 0},
+    {16, 4096, 4096, 0.038656000047922134, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.00911551832065066, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09616000205278397, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.003823954874728354, 1, 0.0, 0},
+    {4096, 16, 4096, 0.03854399919509888, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.012017096882849437, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06111999973654747, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0023162346288446174, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06272000074386597, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0029863170724856664, 1, 0.0, 0},
+    {5, 4096, 4096, 0.03759999945759773, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0007346557685010441, 1, 0.0, 0},
+    {3, 4096, 11008, 0.07683199644088745, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.00448700739799194, 1, 0.0, 0},
+};
+static const Point tf32_1_unaligned[] = {
+    {4096, 1, 4096, 0.03747199848294258, 8.317766166719343, 0.0, 8.317766166719343, -0.12713059390882805, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03907199949026108, 0.0, 8.317766166719343, 8.317766166719343, -0.08531845595689015, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10017600283026695, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.025842029589437352, 1, 0.0, 0},
+    {8, 6144, 6144, 0.08432000130414963, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.01488714401380346, 1, 0.0, 0},
+    {4096, 12, 4096, 0.04238399863243103, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.003953640575488349, 1, 0.0, 0},
+    {13, 5000, 3001, 0.05651199817657471, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.37724600600151564, 1, 0.0, 0},
+};
+static const Point tf32_2_aligned[] = {
+    {256, 256, 256, 0.011615999974310398, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.5573000217398915, 1, 0.0, 0},
+    {512, 512, 512, 0.020255999639630318, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3274173575648518, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05507199838757515, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.34752654801748706, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.21376000344753265, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4011042056736825, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.9634400010108948, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.5039376409228984, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.55788779258728, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21293881204351733, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5283360183238983, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.37894451582267275, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04070400074124336, 0.0, 8.317766166719343, 8.317766166719343, 0.13058699988620232, 1, 0.0, 0},
+    {16, 8192, 4096, 0.0687360018491745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.14732044866393657, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07161600142717361, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.34872358307699247, 1, 0.0, 0},
+    {128, 8192, 8192, 0.17665600031614304, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.08851504600491264, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1391039937734604, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.15046748443684313, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05119999870657921, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07122771940361933, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09356799721717834, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.15726474677503816, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0809439979493618, 0.0, 9.306377560173125, 8.317766166719343, 0.03213471395054958, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0817599967122078, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03137233733497067, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04251199960708618, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.15523892462478506, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09993600100278854, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08488380497374179, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05076799914240837, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05303293678397797, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06569600105285645, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.11744659110785588, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06598400324583054, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3644907738618874, 1, 0.0, 0},
+    {5, 4096, 4096, 0.039744000881910324, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.10166934809777307, 1, 0.0, 0},
+    {3, 4096, 11008, 0.07788799703121185, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.41674217651419454, 1, 0.0, 0},
+    {4096, 4096, 512, 0.7748160064220428, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.18164360701116988, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.7213599681854248, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2518985152254564, 1, 0.0, 0},
+    {8192, 8192, 256, 3.051535964012146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1273560525492875, 1, 0.0, 0},
+    {2048, 2048, 128, 0.17484800517559052, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.27923955980016524, 1, 0.0, 0},
+    {16384, 4096, 64, 3.0532000064849854, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.09629465139189175, 1, 0.0, 0},
+    {256, 256, 32768, 0.046720001846551895, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07836690658928475, 1, 0.0, 0},
+    {512, 512, 16384, 0.06252799928188324, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.17458406269031296, 1, 0.0, 0},
+    {128, 1024, 65536, 0.13577600568532944, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.15967512664278669, 1, 0.0, 0},
+    {64, 64, 131072, 0.1056319996714592, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.29908901939347954, 1, 0.0, 0},
+    {384, 384, 24576, 0.062272001057863235, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1938328646709907, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4968160092830658, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.16922265227733382, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5940159857273102, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0748254691655119, 1, 0.0, 0},
+    {1536, 2560, 768, 0.16838400065898895, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3711784413578744, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5723519921302795, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3831315630837293, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.660096049308777, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.4678845653652607, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.0799840092658997, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.25521673028865544, 1, 0.0, 0},
+    {512, 512, 512, 0.7894399762153625, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16294539389721763, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.5296319723129272, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.11050002159695328, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.16467200219631195, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.33920098447211955, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.5335039496421814, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.09775690741546465, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24319999665021896, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6441103505309763, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.5612319707870483, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11017414382092143, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5449919700622559, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.030993513260970065, 1, 0.0, 1},
+};
+static const Point tf32_2_unaligned[] = {
+    {2047, 2047, 2047, 0.33537599444389343, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.02889973758517098, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.18454399704933167, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0927557288551043, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.3328800201416016, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.046726531935140744, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04879999905824661, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08035655170331558, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05313599854707718, 8.317766166719343, 0.0, 8.317766166719343, -0.13765129648941887, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04915200173854828, 0.0, 8.317766166719343, 8.317766166719343, -0.03802674805196805, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11513599753379822, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.15597158111815157, 1, 0.0, 0},
+    {8, 6144, 6144, 0.08633600175380707, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1104943071672168, 1, 0.0, 0},
+    {4096, 12, 4096, 0.06460800021886826, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.01965811010319823, 1, 0.0, 0},
+    {13, 5000, 3001, 0.05315199866890907, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.02606828561703748, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.850160002708435, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06068854143582327, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.08140800148248672, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.03911364754215854, 1, 0.0, 0},
+};
+static const Point tf32_3_aligned[] = {
+    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.17759685336051526, 1, 0.0, 0},
+    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10806159957468986, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0930205888327836, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.04899200052022934, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05085224403802029, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.3819520026445389, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.05260979695978903, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.0774399042129517, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09754686273432363, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.1987679973244667, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.008734532288672332, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07923199981451035, 0.0, 8.317766166719343, 8.317766166719343, -0.08619431415590645, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08595199882984161, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.013636596538038339, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15084800124168396, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.08277242007297023, 1, 0.0, 0},
+    {128, 8192, 8192, 0.1613280028104782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.03012775962233601, 1, 0.0, 0},
+    {8192, 128, 8192, 0.19182399660348892, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.13480624551580458, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07846400141716003, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.09788425810659185, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08580799773335457, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.019235737955257296, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09587199985980988, 0.0, 9.306377560173125, 8.317766166719343, 0.09109464738768541, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09438400343060493, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.07487742588665398, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07948800176382065, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.08343302230848049, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10951999947428703, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21750671344716555, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0782880000770092, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.09914004948992182, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08614400029182434, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.010791003403649201, 1, 0.0, 0},
+    {12, 4096, 8192, 0.14899200201034546, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.09345315431966215, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07868800312280655, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09320776266768642, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1972160041332245, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.09371987972675569, 1, 0.0, 0},
+    {4096, 4096, 512, 0.06159999966621399, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06815877726474033, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2199680060148239, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.07728597203239453, 1, 0.0, 0},
+    {8192, 8192, 256, 0.15689599514007568, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.055688435154928696, 1, 0.0, 0},
+    {2048, 2048, 128, 0.012959999963641167, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.08978742293767675, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11099200323224068, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08096216779330857, 1, 0.0, 0},
+    {256, 256, 32768, 0.5901599824428558, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0526091259428198, 1, 0.0, 0},
+    {512, 512, 16384, 0.2925119996070862, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08090268402038099, 1, 0.0, 0},
+    {128, 1024, 65536, 1.1408479809761047, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.08086249390046978, 1, 0.0, 0},
+    {64, 64, 131072, 2.2789599895477295, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.07527503916755739, 1, 0.0, 0},
+    {384, 384, 24576, 0.43062400817871094, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08746555498357013, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.29814401268959045, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11594494766080159, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8829759955406189, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07481809054928235, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024831999093294144, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.006115710651156271, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14051200449466705, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03015360193345916, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0821920037269592, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09229685085905032, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.36612799763679504, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02170226491771837, 1, 0.0, 0},
+    {512, 512, 512, 0.07999999821186066, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1932059699365293, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.06857600063085556, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.06956744874476305, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02571200020611286, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2961379186050956, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06828799843788147, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.24628583105841018, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07494399696588516, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15957265256108938, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08035200089216232, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.05789429522412915, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.5530399978160858, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.42292228257808034, 1, 0.0, 1},
+};
+static const Point tf32_3_unaligned[] = {
+    {2047, 2047, 2047, 0.20336000621318817, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.04828734631006929, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11952000111341476, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.24579454137259685, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.672144055366516, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.041123729321561574, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03340800106525421, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09959896375410159, 1, 0.0, 0},
+    {4096, 1, 4096, 0.08710400015115738, 8.317766166719343, 0.0, 8.317766166719343, 0.15683252741361442, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10073599964380264, 0.0, 8.317766166719343, 8.317766166719343, 0.30367848378614587, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10878400132060051, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.14162904253869124, 1, 0.0, 0},
+    {8, 6144, 6144, 0.15123200416564941, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.16222940788348308, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08736000210046768, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.1284829490045661, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07852800190448761, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21931679124041192, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4909279942512512, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009869154964232714, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.034912001341581345, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14563164477573579, 1, 0.0, 0},
+};
+static const Point tf32_4_aligned[] = {
+    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1992628767229138, 1, 0.0, 0},
+    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.05681739273632869, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.19214130326608803, 1, 0.0, 0},
+    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.2598205723482219, 1, 0.0, 0},
+    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.42018784534379344, 1, 0.0, 0},
+    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3313494450613443, 1, 0.0, 0},
+    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2924265274350617, 1, 0.0, 0},
+    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.06989730306491176, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.15371902079192623, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1675136325666697, 1, 0.0, 0},
+    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1724790380570814, 1, 0.0, 0},
+    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.17219989693808124, 1, 0.0, 0},
+    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.4662169740542168, 1, 0.0, 0},
+    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.22731688987291646, 1, 0.0, 0},
+    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.08436404726232795, 1, 0.0, 0},
+    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0535931465419403, 1, 0.0, 0},
+    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.11028182228176434, 1, 0.0, 0},
+    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08790110097920957, 1, 0.0, 0},
+    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.007639238574733204, 1, 0.0, 0},
+    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.037351441201251244, 1, 0.0, 0},
+    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.11772266978536734, 1, 0.0, 0},
+    {5, 4096, 4096, 0.11848000064492226, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.08906130960589377, 1, 0.0, 0},
+    {3, 4096, 11008, 0.14083200693130493, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.021534930992702966, 1, 0.0, 0},
+    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.5213482463290574, 1, 0.0, 0},
+    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.533239880681944, 1, 0.0, 0},
+    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.5411771598281142, 1, 0.0, 0},
+    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.27836496567045027, 1, 0.0, 0},
+    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.5350145322374937, 1, 0.0, 0},
+    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06506072223626978, 1, 0.0, 0},
+    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06619475525920043, 1, 0.0, 0},
+    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.042556765758528806, 1, 0.0, 0},
+    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.00536049825525194, 1, 0.0, 0},
+    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.03676325801660211, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.083208350596983, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06568316676126076, 1, 0.0, 0},
+    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.2676081300467908, 1, 0.0, 0},
+    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.3219933114600345, 1, 0.0, 0},
+    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.48223628718188355, 1, 0.0, 0},
+    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.5166456626286878, 1, 0.0, 0},
+    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.5165213682670042, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5236581721759552, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2949970494901262, 256, 5.545177444479562, 0},
+    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5236090141032922, 128, 4.852030263919617, 0},
+    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.29337037593331333, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.5250729246573821, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6199293532183096, 1, 0.0, 1},
+};
+static const Point tf32_4_unaligned[] = {
+    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.045549677595335625, 1, 0.0, 0},
+    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.06190287705254245, 1, 0.0, 0},
+    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.30586776212461814, 1, 0.0, 0},
+    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05782705355482342, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.2219951352706841, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, 0.005751186483074688, 1, 0.0, 0},
+    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.14565610768342402, 1, 0.0, 0},
+    {8, 6144, 6144, 0.15110400319099426, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.01777368017156346, 1, 0.0, 0},
+    {4096, 12, 4096, 0.20131200551986694, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.44108815665940143, 1, 0.0, 0},
+    {13, 5000, 3001, 0.13815999776124954, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.0739808306492742, 1, 0.0, 0},
+    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.2887796947077142, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.03702214353426696, 1, 0.0, 0},
+};
+static const Point tf32_5_aligned[] = {
     {256, 256, 256, 0.010127999819815159, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.44089583632946594, 1, 0.0, 0},
     {512, 512, 512, 0.01206399966031313, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3325470960353482, 1, 0.0, 0},
     {1024, 1024, 1024, 0.028384000062942505, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.671458444132148, 1, 0.0, 0},
@@ -18670,7 +18768,7 @@ static const Point tf32_1_aligned[] = {
     {2048, 2048, 256, 0.6162240207195282, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.7288264041516648, 8, 2.0794415416798357, 0},
     {4092, 4092, 4092, 1.1701279878616333, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.15091211249839262, 1, 0.0, 1},
 };
-static const Point tf32_1_unaligned[] = {
+static const Point tf32_5_unaligned[] = {
     {2047, 2047, 2047, 0.2603679895401001, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.009812278648619641, 1, 0.0, 0},
     {1531, 1531, 1531, 0.14235199987888336, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0831900809408717, 1, 0.0, 0},
     {5003, 5003, 5003, 3.130703926086426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.008123518537697284, 1, 0.0, 0},
@@ -18684,260 +18782,53 @@ static const Point tf32_1_unaligned[] = {
     {4096, 4096, 4096, 1.5580000281333923, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10753217186968816, 1, 0.0, 0},
     {1024, 1024, 1024, 0.05961599946022034, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.003399664559181789, 1, 0.0, 0},
 };
-static const Point tf32_2_aligned[] = {
-    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.17759685833111832, 1, 0.0, 0},
-    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10806162904762054, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09302062677773795, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.04899200052022934, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.050852219253443, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.3819520026445389, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.052609814806128814, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.0774399042129517, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0975468805144316, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.1987679973244667, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.008734544832108806, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07923199981451035, 0.0, 8.317766166719343, 8.317766166719343, -0.0861944016619942, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08595199882984161, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.013636671998785793, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15084800124168396, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.08277251259334592, 1, 0.0, 0},
-    {128, 8192, 8192, 0.1613280028104782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.030127832363016246, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19182399660348892, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.13480618382382972, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07846400141716003, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.09788434295026961, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08580799773335457, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.019235808112050754, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09587199985980988, 0.0, 9.306377560173125, 8.317766166719343, 0.09109457800177669, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09438400343060493, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.07487735727589737, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07948800176382065, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.0834331091797191, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10951999947428703, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21750665304281813, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0782880000770092, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.09914013568463738, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08614400029182434, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.010791079696907655, 1, 0.0, 0},
-    {12, 4096, 8192, 0.14899200201034546, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.09345324917344126, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07868800312280655, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09320785000442361, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1972160041332245, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.09371997713373027, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06159999966621399, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06815876414098394, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2199680060148239, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.07728596226063711, 1, 0.0, 0},
-    {8192, 8192, 256, 0.15689599514007568, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.05568843505181205, 1, 0.0, 0},
-    {2048, 2048, 128, 0.012959999963641167, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0897874674523357, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11099200323224068, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08096215623361644, 1, 0.0, 0},
-    {256, 256, 32768, 0.5901599824428558, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05260923771016834, 1, 0.0, 0},
-    {512, 512, 16384, 0.2925119996070862, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08090278665482556, 1, 0.0, 0},
-    {128, 1024, 65536, 1.1408479809761047, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.08086260457421755, 1, 0.0, 0},
-    {64, 64, 131072, 2.2789599895477295, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.07527515471203229, 1, 0.0, 0},
-    {384, 384, 24576, 0.43062400817871094, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08746566252899346, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.29814401268959045, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11594497749506999, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8829759955406189, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07481816931468921, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024831999093294144, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.006115684465915598, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14051200449466705, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.030153593032775237, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0821920037269592, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09229686512770771, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.36612799763679504, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.021702268294120017, 1, 0.0, 0},
-    {512, 512, 512, 0.07999999821186066, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.19320598306028552, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.06857600063085556, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.0695674474284936, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02571200020611286, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.29613793015961287, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06828799843788147, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.24628582573330285, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07494399696588516, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15957262496259253, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08035200089216232, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.057894291513588644, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.5530399978160858, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.42292230020096055, 1, 0.0, 1},
-};
-static const Point tf32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.20336000621318817, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.04828734631006929, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11952000111341476, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.24579454137259685, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.672144055366516, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.041123729321561574, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03340800106525421, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09959896375410159, 1, 0.0, 0},
-    {4096, 1, 4096, 0.08710400015115738, 8.317766166719343, 0.0, 8.317766166719343, 0.15683252741361442, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10073599964380264, 0.0, 8.317766166719343, 8.317766166719343, 0.30367848378614587, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10878400132060051, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.14162904253869124, 1, 0.0, 0},
-    {8, 6144, 6144, 0.15123200416564941, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.16222940788348308, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08736000210046768, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.1284829490045661, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07852800190448761, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21931679124041192, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4909279942512512, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009869154964232714, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.034912001341581345, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14563164477573579, 1, 0.0, 0},
-};
-static const Point tf32_3_aligned[] = {
-    {1, 4096, 4096, 0.03750399872660637, 0.0, 8.317766166719343, 8.317766166719343, 0.012189326192988043, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06511999666690826, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.023737666934414613, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07631999999284744, 0.0, 9.306377560173125, 8.317766166719343, 0.003681682369382783, 1, 0.0, 0},
-    {8, 11008, 4096, 0.07737600058317184, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.01439830441077785, 1, 0.0, 0},
-    {16, 4096, 4096, 0.038656000047922134, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.00911551832065066, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09616000205278397, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.003823954874728354, 1, 0.0, 0},
-    {4096, 16, 4096, 0.03854399919509888, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.012017096882849437, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06111999973654747, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0023162346288446174, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06272000074386597, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0029863170724856664, 1, 0.0, 0},
-    {5, 4096, 4096, 0.03759999945759773, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0007346557685010441, 1, 0.0, 0},
-    {3, 4096, 11008, 0.07683199644088745, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.00448700739799194, 1, 0.0, 0},
-};
-static const Point tf32_3_unaligned[] = {
-    {4096, 1, 4096, 0.03747199848294258, 8.317766166719343, 0.0, 8.317766166719343, -0.12713059390882805, 1, 0.0, 0},
-    {1, 4096, 4096, 0.03907199949026108, 0.0, 8.317766166719343, 8.317766166719343, -0.08531845595689015, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10017600283026695, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.025842029589437352, 1, 0.0, 0},
-    {8, 6144, 6144, 0.08432000130414963, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.01488714401380346, 1, 0.0, 0},
-    {4096, 12, 4096, 0.04238399863243103, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.003953640575488349, 1, 0.0, 0},
-    {13, 5000, 3001, 0.05651199817657471, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.37724600600151564, 1, 0.0, 0},
-};
-static const Point tf32_4_aligned[] = {
-    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.20197170254719812, 1, 0.0, 0},
-    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.052264572017577504, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.18668980236473726, 1, 0.0, 0},
-    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.2542996516832562, 1, 0.0, 0},
-    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.4150470893909518, 1, 0.0, 0},
-    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3269356908817779, 1, 0.0, 0},
-    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.28709704082946724, 1, 0.0, 0},
-    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.06963633938389646, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1526900508240089, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16396106778712954, 1, 0.0, 0},
-    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1683139436321539, 1, 0.0, 0},
-    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.16803480251315378, 1, 0.0, 0},
-    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.4641675949381536, 1, 0.0, 0},
-    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.2241979038897368, 1, 0.0, 0},
-    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.08470140801913266, 1, 0.0, 0},
-    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05325435789490886, 1, 0.0, 0},
-    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10937021500885719, 1, 0.0, 0},
-    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08795014710003175, 1, 0.0, 0},
-    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.006727631301826012, 1, 0.0, 0},
-    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03720525872141988, 1, 0.0, 0},
-    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.11721041565464287, 1, 0.0, 0},
-    {5, 4096, 4096, 0.11848000064492226, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.08912390883101336, 1, 0.0, 0},
-    {3, 4096, 11008, 0.14083200693130493, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.02136800153489734, 1, 0.0, 0},
-    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.5153618285454555, 1, 0.0, 0},
-    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.5273739486008872, 1, 0.0, 0},
-    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.5350987379970745, 1, 0.0, 0},
-    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.27236149902686513, 1, 0.0, 0},
-    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.5288824337141258, 1, 0.0, 0},
-    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06651003161347925, 1, 0.0, 0},
-    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06902664503251513, 1, 0.0, 0},
-    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.0415913579107306, 1, 0.0, 0},
-    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.005175144315869198, 1, 0.0, 0},
-    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.03888045639689784, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.07989638961807886, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06718233621363838, 1, 0.0, 0},
-    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.2617811935713026, 1, 0.0, 0},
-    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.3164092575074098, 1, 0.0, 0},
-    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.47708203475093286, 1, 0.0, 0},
-    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.51150855872773, 1, 0.0, 0},
-    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.5105349504834024, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5175515655929693, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.28899358284654103, 256, 5.545177444479562, 0},
-    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5174844640735391, 128, 4.852030263919617, 0},
-    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.28746926967525865, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.5190019254125838, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6147963942923863, 1, 0.0, 1},
-};
-static const Point tf32_4_unaligned[] = {
-    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.045549677595335625, 1, 0.0, 0},
-    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.06190287705254245, 1, 0.0, 0},
-    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.30586776212461814, 1, 0.0, 0},
-    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05782705355482342, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.2219951352706841, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, 0.005751186483074688, 1, 0.0, 0},
-    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.14565610768342402, 1, 0.0, 0},
-    {8, 6144, 6144, 0.15110400319099426, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.01777368017156346, 1, 0.0, 0},
-    {4096, 12, 4096, 0.20131200551986694, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.44108815665940143, 1, 0.0, 0},
-    {13, 5000, 3001, 0.13815999776124954, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.0739808306492742, 1, 0.0, 0},
-    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.2887796947077142, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.03702214353426696, 1, 0.0, 0},
-};
-static const Point tf32_5_aligned[] = {
-    {256, 256, 256, 0.01398400031030178, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1451733304164105, 1, 0.0, 0},
-    {512, 512, 512, 0.013535999692976475, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2932892071197023, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01889600045979023, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15711246299455134, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08352000266313553, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.14137913300731356, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5606080293655396, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09163069992994775, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.41158390045166, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0043918951064483005, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.2727999985218048, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.001952545030810088, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04623999819159508, 0.0, 8.317766166719343, 8.317766166719343, 0.007855547302656864, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06697600334882736, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.378344758311635, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07335999980568886, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05577772818026766, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11097600311040878, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3581574362660395, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11158400028944016, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3636211196074195, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04540799930691719, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.01030135223818098, 1, 0.0, 0},
-    {80, 8192, 4096, 0.06576000154018402, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.36002213621685253, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.20505904763223826, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10025600343942642, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.17953381857719844, 1, 0.0, 0},
-    {16, 4096, 4096, 0.08377600088715553, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.6021569429246876, 1, 0.0, 0},
-    {4, 14336, 4096, 0.14153599739074707, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5243609527516345, 1, 0.0, 0},
-    {4096, 16, 4096, 0.045951999723911285, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0016077294651995068, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06811199709773064, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3951637285231839, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0785600021481514, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.012706137910553247, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04552000015974045, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.007837844625049474, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10804799944162369, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.08387669643152935, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16099199652671814, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.058815346249046274, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.4941439926624298, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.011402701627453932, 1, 0.0, 0},
-    {8192, 8192, 256, 0.5331199765205383, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.017068531579175, 1, 0.0, 0},
-    {2048, 2048, 128, 0.03705599904060364, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.007345123505714265, 1, 0.0, 0},
-    {16384, 4096, 64, 0.4902399927377701, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.12991692872990496, 1, 0.0, 0},
-    {256, 256, 32768, 0.1685439944267273, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.46269918382743086, 1, 0.0, 0},
-    {512, 512, 16384, 0.0920960009098053, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.425559555523941, 1, 0.0, 0},
-    {128, 1024, 65536, 0.3253920078277588, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.47115561163699465, 1, 0.0, 0},
-    {64, 64, 131072, 0.5949279963970184, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.547189157417119, 1, 0.0, 0},
-    {384, 384, 24576, 0.12988799810409546, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.4530534860797491, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.32255999743938446, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.23225642264744298, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.2975519895553589, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.28194789931878766, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05132799968123436, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09761407001189196, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.2451840043067932, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.021851867642453743, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.0264639854431152, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.23638333183452373, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.7244479954242706, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.296435794414299, 1, 0.0, 0},
-    {512, 512, 512, 0.1868640035390854, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09021109949187096, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.27059200406074524, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.12648062956073322, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.047168001532554626, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.24863059650390693, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.2760159969329834, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21508990205503442, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11207999661564827, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.22653270630273575, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.27588799595832825, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.021079653549233503, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7992480099201202, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.263018636637738, 1, 0.0, 1},
-};
-static const Point tf32_5_unaligned[] = {
-    {2047, 2047, 2047, 0.22782400250434875, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.042113775003533784, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12531200051307678, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.025795669723821336, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.9308159351348877, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.032897975206694435, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03207999840378761, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.045275617695216805, 1, 0.0, 0},
-    {4096, 1, 4096, 0.045744000002741814, 8.317766166719343, 0.0, 8.317766166719343, -0.1496887267732323, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06169600039720535, 0.0, 8.317766166719343, 8.317766166719343, 0.1494697430130593, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.05370357656347773, 1, 0.0, 0},
-    {8, 6144, 6144, 0.0907519981265068, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.03732560820380977, 1, 0.0, 0},
-    {4096, 12, 4096, 0.05686400085687637, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.03476860238982453, 1, 0.0, 0},
-    {13, 5000, 3001, 0.05305600166320801, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.08482417810195071, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6540000438690186, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0017889747641301904, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04944000020623207, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.09760534652083255, 1, 0.0, 0},
-};
 static const Point tf32_6_aligned[] = {
-    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.20495645335692855, 1, 0.0, 0},
-    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08109894211158807, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10534377079448802, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08621039857236776, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06559507518842361, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.03127055437187029, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.050990187234027186, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.11121626241220858, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0894112131405014, 1, 0.0, 0},
-    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.1577956340340238, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.016305184547006964, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.021695197111165354, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0679234827384422, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0440212821010275, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.27390376196907285, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.22854672778840343, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12269961841623384, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4365035967481566, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05389927464910257, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10409465162235372, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.17915724563134774, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06404800340533257, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.16020855387060726, 1, 0.0, 0},
-    {3, 4096, 11008, 0.15545600652694702, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.20405128746784174, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.11997914284130876, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.059374879761252296, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.025037353371616767, 1, 0.0, 0},
-    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02666219132369127, 1, 0.0, 0},
-    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08983947943458079, 1, 0.0, 0},
-    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25314219985908704, 1, 0.0, 0},
-    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.22020270549554577, 1, 0.0, 0},
-    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.23873636737770268, 1, 0.0, 0},
-    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24159539096078597, 1, 0.0, 0},
-    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2462834937722653, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12124058967463938, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2353455273005482, 1, 0.0, 0},
-    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09839338340027556, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.052509119104514224, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09162616001154775, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.09587293195738868, 1, 0.0, 0},
-    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.10210969976084708, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.005590696019942202, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.542427138644597, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21360639096231537, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.32352386635955244, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07772788298164707, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.367555864905137, 1, 0.0, 1},
+    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.20495584788628396, 1, 0.0, 0},
+    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08109919596356006, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10534369959041798, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08620997427228641, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06559450137263978, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.03127117474990031, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.050990705877867665, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.11121579416676446, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0894116813859454, 1, 0.0, 0},
+    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.1577950778386715, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.016304628351654676, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.021695753306517598, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06792301449299808, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.04402175034647165, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.2739042302145168, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2285471960338477, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12269915017078972, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4365040649936008, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0538988064036584, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10409511986779788, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.17915668943599533, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06404800340533257, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.1602080856251631, 1, 0.0, 0},
+    {3, 4096, 11008, 0.15545600652694702, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.20405070742923398, 1, 0.0, 0},
+    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.11997894595840748, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0593744625153687, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.025037278887601013, 1, 0.0, 0},
+    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.026661602732104085, 1, 0.0, 0},
+    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08983915991277217, 1, 0.0, 0},
+    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2531415720762558, 1, 0.0, 0},
+    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.22020210214961286, 1, 0.0, 0},
+    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.23873572715177935, 1, 0.0, 0},
+    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24159474445594792, 1, 0.0, 0},
+    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2462828742009548, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1212399863287066, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23534489123923408, 1, 0.0, 0},
+    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09839323166308375, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.052508636148044074, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09162674703792364, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.09587350139640002, 1, 0.0, 0},
+    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.10210989664374834, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.005590511448128613, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5424265500530098, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21360601947984656, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.323524009455925, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07772785098175036, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3675564387209208, 1, 0.0, 1},
 };
 static const Point tf32_6_unaligned[] = {
     {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0030328759655526075, 1, 0.0, 0},
@@ -18954,52 +18845,52 @@ static const Point tf32_6_unaligned[] = {
     {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1375867363264662, 1, 0.0, 0},
 };
 static const Point tf32_7_aligned[] = {
-    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15372163771027453, 1, 0.0, 0},
-    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08231038639120117, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06524775048396775, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0736598238332162, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.026606190437496086, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09981438010104106, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02261023457595762, 1, 0.0, 0},
-    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.03328506982496757, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.006599948555439019, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02581131159427913, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.00751652347031576, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.017786695335636444, 1, 0.0, 0},
-    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.034737103223857015, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.005013879093491392, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.13162525617007942, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.046170197872978436, 1, 0.0, 0},
-    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.020710549530120543, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.17470252183217763, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.02249785238444798, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.008335863945133451, 1, 0.0, 0},
-    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.035034036620930846, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07887999713420868, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0492261314674417, 1, 0.0, 0},
-    {3, 4096, 11008, 0.19737599790096283, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.041078875675802574, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.026390370957372532, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04124171185780868, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.00746838838941808, 1, 0.0, 0},
-    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07468227652882667, 1, 0.0, 0},
-    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.018287233414819675, 1, 0.0, 0},
-    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02167364769304788, 1, 0.0, 0},
-    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.021179482587261513, 1, 0.0, 0},
-    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0011354598683483304, 1, 0.0, 0},
-    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0021347528908510945, 1, 0.0, 0},
-    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.004899362930436758, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09944125261475138, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.016994919996619645, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03793271825369403, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03720291572424475, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.02153865087852481, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006662532893902828, 1, 0.0, 0},
-    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23125248731946965, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.077538916254739, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.1149797529668433, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15701861664921196, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.19161064442998815, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.026401808665115392, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09723572052298143, 1, 0.0, 1},
+    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15372164727751633, 1, 0.0, 0},
+    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08231040999591262, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06524777753456029, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07365980645615992, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.026606205283569523, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09981439545637633, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022610240228965708, 1, 0.0, 0},
+    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.03328512202532913, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.006599912779259048, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02581136643510405, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.007516555882995528, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.017786735674843845, 1, 0.0, 0},
+    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.03473716152648375, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.005013847037051431, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.13162522966580847, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04617017189859466, 1, 0.0, 0},
+    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.02071060126221047, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.17470250708653728, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.022497911712895162, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.008335827582670855, 1, 0.0, 0},
+    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03503409319947383, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07887999713420868, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.04922618354284713, 1, 0.0, 0},
+    {3, 4096, 11008, 0.19737599790096283, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.041078933869848955, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.026390362990445115, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04124170384775469, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0074683878892034365, 1, 0.0, 0},
+    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0746822966609435, 1, 0.0, 0},
+    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.01828722436644385, 1, 0.0, 0},
+    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02167356968283151, 1, 0.0, 0},
+    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.02117941158631195, 1, 0.0, 0},
+    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0011355344984720274, 1, 0.0, 0},
+    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0021346721662087497, 1, 0.0, 0},
+    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.004899436771538403, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09944126967003473, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.01699497242491038, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.037932703077501996, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03720290762625646, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.021538663545931553, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006662527537997722, 1, 0.0, 0},
+    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23125249528639705, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07753891314452022, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.11497976324426551, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15701861034367826, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.19161062669999657, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02640180748279514, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09723573522388128, 1, 0.0, 1},
 };
 static const Point tf32_7_unaligned[] = {
     {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.17550413733357415, 1, 0.0, 0},
@@ -19016,54 +18907,116 @@ static const Point tf32_7_unaligned[] = {
     {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05345812641325578, 1, 0.0, 0},
 };
 static const Point tf32_8_aligned[] = {
-    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.027700594911574148, 1, 0.0, 0},
-    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03879162173976328, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.2026332284710052, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.38085727978848255, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.24442491600054084, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12007680889141523, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1887708619393932, 1, 0.0, 0},
-    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.06268604777531397, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3971900327840786, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.11088302399885114, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.14279888181888226, 1, 0.0, 0},
-    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.18487564508215643, 1, 0.0, 0},
-    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.015495139624461725, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.28723783475081194, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.1690898651565617, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.1173093010176324, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04035138914862535, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.40144731963136454, 1, 0.0, 0},
-    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03246441107037956, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4721975700483584, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.047152535727010135, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04919999837875366, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04687667163568063, 1, 0.0, 0},
-    {3, 4096, 11008, 0.12006399780511856, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.005046091693172832, 1, 0.0, 0},
-    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.36851117301074504, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.28289953591879663, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.26465687965281287, 1, 0.0, 0},
-    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.18531645735359617, 1, 0.0, 0},
-    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.26319404338539426, 1, 0.0, 0},
-    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4966836577867988, 1, 0.0, 0},
-    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.4557627382766225, 1, 0.0, 0},
-    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4945477014689702, 1, 0.0, 0},
-    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5235480634219453, 1, 0.0, 0},
-    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.47623684890390194, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.3620881603055713, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.4026039615293528, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.31321851219890484, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03383562793399587, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.13653781815305438, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.11839244759458739, 1, 0.0, 0},
-    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12924336626666136, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2231124186348776, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5319553794870432, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5051724678348414, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3875080603004441, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.10658831011367308, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09949685806807919, 1, 0.0, 1},
+    {256, 256, 256, 0.01398400031030178, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1452748559013504, 1, 0.0, 0},
+    {512, 512, 512, 0.013535999692976475, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.29336647750119843, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01889600045979023, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15715425836562444, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08352000266313553, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1413840599750292, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5606080293655396, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09158494252036987, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.41158390045166, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.004471852639493786, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.2727999985218048, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0019278364278228642, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04623999819159508, 0.0, 8.317766166719343, 8.317766166719343, 0.007897960794595742, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06697600334882736, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.37838717180357395, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07335999980568886, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05570330794687823, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11097600311040878, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.35823185649942896, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11158400028944016, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3636955398408089, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04540799930691719, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.01025893874624213, 1, 0.0, 0},
+    {80, 8192, 4096, 0.06576000154018402, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.36006454970879137, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.2051030959749678, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10025600343942642, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.17957786691992814, 1, 0.0, 0},
+    {16, 4096, 4096, 0.08377600088715553, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.6021993564166264, 1, 0.0, 0},
+    {4, 14336, 4096, 0.14153599739074707, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5244050010943639, 1, 0.0, 0},
+    {4096, 16, 4096, 0.045951999723911285, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0016501429571383595, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06811199709773064, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3952061420151227, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0785600021481514, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.012780558143942536, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04552000015974045, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.007795431133110599, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10804799944162369, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0839612777471182, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16099199652671814, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.058964444538878745, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.4941439926624298, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.01132478869036216, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5331199765205383, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.016847402371081545, 1, 0.0, 0},
+    {2048, 2048, 128, 0.03705599904060364, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.007137209130219587, 1, 0.0, 0},
+    {16384, 4096, 64, 0.4902399927377701, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.129621495841951, 1, 0.0, 0},
+    {256, 256, 32768, 0.1685439944267273, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.46259185176549816, 1, 0.0, 0},
+    {512, 512, 16384, 0.0920960009098053, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.42546429853096823, 1, 0.0, 0},
+    {128, 1024, 65536, 0.3253920078277588, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.47104174893977846, 1, 0.0, 0},
+    {64, 64, 131072, 0.5949279963970184, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5470718942187301, 1, 0.0, 0},
+    {384, 384, 24576, 0.12988799810409546, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.45295031880321623, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.32255999743938446, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.23215842049353852, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.2975519895553589, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2818362526538444, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05132799968123436, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09770696479435417, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.2451840043067932, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0218584750463546, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.0264639854431152, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.23642925545737334, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.7244479954242706, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.29648151384567245, 1, 0.0, 0},
+    {512, 512, 512, 0.1868640035390854, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09006200120203851, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.27059200406074524, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1262181257898391, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.047168001532554626, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2484226821284124, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.2760159969329834, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21480012252210076, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11207999661564827, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.22639138830774455, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.27588799595832825, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.020862103581659065, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7992480099201202, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.26306439404731596, 1, 0.0, 1},
 };
 static const Point tf32_8_unaligned[] = {
+    {2047, 2047, 2047, 0.22782400250434875, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.042113775003533784, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12531200051307678, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.025795669723821336, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.9308159351348877, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.032897975206694435, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03207999840378761, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.045275617695216805, 1, 0.0, 0},
+    {4096, 1, 4096, 0.045744000002741814, 8.317766166719343, 0.0, 8.317766166719343, -0.1496887267732323, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06169600039720535, 0.0, 8.317766166719343, 8.317766166719343, 0.1494697430130593, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.05370357656347773, 1, 0.0, 0},
+    {8, 6144, 6144, 0.0907519981265068, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.03732560820380977, 1, 0.0, 0},
+    {4096, 12, 4096, 0.05686400085687637, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.03476860238982453, 1, 0.0, 0},
+    {13, 5000, 3001, 0.05305600166320801, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.08482417810195071, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6540000438690186, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0017889747641301904, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04944000020623207, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.09760534652083255, 1, 0.0, 0},
+};
+static const Point tf32_9_aligned[] = {
+    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.027726924141180484, 1, 0.0, 0},
+    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03879777836199348, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.20261131279152436, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.3808200534583177, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.24438368059035415, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12011945506318955, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1887308640958866, 1, 0.0, 0},
+    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.06271996874014285, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3972239537489076, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.11084434132722097, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1428395243664687, 1, 0.0, 0},
+    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.18483500253456991, 1, 0.0, 0},
+    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.015529060589290697, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.28727539802933655, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.16912742843508624, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11734686429615696, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04038531011345427, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.40148488290988915, 1, 0.0, 0},
+    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03249833203520855, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.47223149101318745, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.04711385305537995, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04919999837875366, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04691059260050946, 1, 0.0, 0},
+    {3, 4096, 11008, 0.12006399780511856, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.005086060901459307, 1, 0.0, 0},
+    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.368486387180949, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2828652941392124, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.26464556787476334, 1, 0.0, 0},
+    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.18529652196194996, 1, 0.0, 0},
+    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2631539933570782, 1, 0.0, 0},
+    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4966411179599197, 1, 0.0, 0},
+    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.455721513241312, 1, 0.0, 0},
+    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4945044929050044, 1, 0.0, 0},
+    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5235045175968788, 1, 0.0, 0},
+    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.47619475066936334, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.36204529759900983, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.4025606287904406, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3131911545176346, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03379718132245143, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.13657921087738747, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.11843364676876061, 1, 0.0, 0},
+    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1292185804368652, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.22310058251754208, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.531935444095397, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5051319452412305, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3875284551866881, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.10657759810018093, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09953809347826581, 1, 0.0, 1},
+};
+static const Point tf32_9_unaligned[] = {
     {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022494518768084327, 1, 0.0, 0},
     {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13310272837594891, 1, 0.0, 0},
     {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.014351666107234836, 1, 0.0, 0},
@@ -19077,7 +19030,338 @@ static const Point tf32_8_unaligned[] = {
     {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.000630666902200911, 1, 0.0, 0},
     {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15223563300485865, 1, 0.0, 0},
 };
-static const Point tf32_9_aligned[] = {
+static const Point tf32_10_aligned[] = {
+    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08369214655365674, 1, 0.0, 0},
+    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.05223138571177467, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06634997622002917, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07769149533558167, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01214451424071641, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06296778551674108, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20985351953535103, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, -0.05940854366392819, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.35912989327667855, 1, 0.0, 0},
+    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10513974413788198, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06428915890544945, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06009448992867698, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.12471910175434006, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.14425283389133964, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.5582369044932852, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.4490991234001744, 1, 0.0, 0},
+    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.10402220885526851, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6148616678568022, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11525829477838537, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39103733413736996, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.13228160714568052, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05889600142836571, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.029159958136609123, 1, 0.0, 0},
+    {3, 4096, 11008, 0.14740800112485886, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.036443837959755206, 1, 0.0, 0},
+    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20879268967223819, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10602982192548707, 1, 0.0, 0},
+    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1136625847796358, 1, 0.0, 0},
+    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11702196891833148, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2329281575550361, 1, 0.0, 0},
+    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2538475998522173, 1, 0.0, 0},
+    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.24484169941945588, 1, 0.0, 0},
+    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.26212601146199993, 1, 0.0, 0},
+    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2428269294074888, 1, 0.0, 0},
+    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2275745934677781, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14872563818024268, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23244642113086914, 1, 0.0, 0},
+    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08843508763192064, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.10545579442994399, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.07867658884814623, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04136347389641346, 1, 0.0, 0},
+    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13871330745470814, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18937060913963533, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.7310318123785868, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.392519306736089, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6507817934558217, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08359878995138942, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5349484642293717, 1, 0.0, 1},
+};
+static const Point tf32_10_unaligned[] = {
+    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.03250112472665428, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03507616251726398, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03296174333064562, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09785930117156033, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06032000109553337, 8.317766166719343, 0.0, 8.317766166719343, -0.2431430083972186, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10201600193977356, 0.0, 8.317766166719343, 8.317766166719343, 0.2823229324831557, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11023999750614166, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.02470031104248151, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14974399656057358, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.19223684068128727, 1, 0.0, 0},
+    {4096, 12, 4096, 0.0862560011446476, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09767980244447837, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07798399776220322, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21334125515575608, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009179687078513167, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1037445293280256, 1, 0.0, 0},
+};
+static const Point tf32_11_aligned[] = {
+    {1, 4096, 4096, 0.035551998764276505, 0.0, 8.317766166719343, 8.317766166719343, -0.04546190559860433, 1, 0.0, 0},
+    {16, 8192, 4096, 0.3005119860172272, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5935011974621001, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.06209810524860623, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1833599954843521, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2814023348105837, 1, 0.0, 0},
+    {16, 4096, 4096, 0.1581760048866272, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.5364648248953784, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10977600142359734, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.1007406640346818, 1, 0.0, 0},
+    {4096, 16, 4096, 0.15804800391197205, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5356552659872341, 1, 0.0, 0},
+    {6, 8192, 4096, 0.1348479986190796, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3794339590192071, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2951360046863556, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.771055345056397, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07196799665689468, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.3259088823854962, 1, 0.0, 0},
+    {3, 4096, 11008, 0.09171199798583984, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03102516179502553, 1, 0.0, 0},
+};
+static const Point tf32_11_unaligned[] = {
+    {4096, 1, 4096, 0.03551999852061272, 8.317766166719343, 0.0, 8.317766166719343, -0.018712968321818853, 1, 0.0, 0},
+    {1, 4096, 4096, 0.036720000207424164, 0.0, 8.317766166719343, 8.317766166719343, 0.014512726604725223, 1, 0.0, 0},
+    {16, 11008, 4096, 0.7252639830112457, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1489141996060848, 1, 0.0, 0},
+    {8, 6144, 6144, 0.2837759852409363, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.755969596433741, 1, 0.0, 0},
+    {4096, 12, 4096, 0.2409919947385788, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 1.202807690730277, 1, 0.0, 0},
+    {13, 5000, 3001, 0.23499199748039246, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 1.2213987201171452, 1, 0.0, 0},
+};
+static const Point tf32_12_aligned[] = {
+    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0009400660736268355, 1, 0.0, 0},
+    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02237587843102355, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1119454838066014, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16623777984919838, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.22855461820374295, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21449676317559213, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.14881171326280282, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, -0.012966893100862123, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09850317602906314, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05067027852249703, 1, 0.0, 0},
+    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0887137063927618, 1, 0.0, 0},
+    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.09972705712714497, 1, 0.0, 0},
+    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.8409554741282902, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.08338533047253625, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, -0.05800661144480849, 1, 0.0, 0},
+    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.050852069848117916, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.0020564293444553334, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.015499603561203695, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.01578033899486138, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09610745895517929, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0683369383962156, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06851200014352798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.02931905107620342, 1, 0.0, 0},
+    {3, 4096, 11008, 0.16300800442695618, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.10962449952761318, 1, 0.0, 0},
+    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21527252871080854, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1265332951433393, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10454171592456284, 1, 0.0, 0},
+    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0226942690663065, 1, 0.0, 0},
+    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.051984349446967566, 1, 0.0, 0},
+    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.15065021345067792, 1, 0.0, 0},
+    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12316749516977475, 1, 0.0, 0},
+    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1268666106483674, 1, 0.0, 0},
+    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08014592150713024, 1, 0.0, 0},
+    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1530069984594985, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17666350996785066, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18569465331158042, 1, 0.0, 0},
+    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.17416252169660867, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.15326742226974627, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.21008163420058096, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.22730821173209323, 1, 0.0, 0},
+    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08730028538656781, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.03198875570004853, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.31775039441610264, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21411475876410435, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16239453052685993, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11116726636105143, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.21116638085269512, 1, 0.0, 1},
+};
+static const Point tf32_12_unaligned[] = {
+    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.009952807832240347, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.0004085501502924282, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.027740636760458286, 1, 0.0, 0},
+    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.013265116650729818, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.017352725047486993, 1, 0.0, 0},
+    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.017152357171613113, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06778066258772728, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11233599856495857, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.07957245205765709, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07206399738788605, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.01022261944518411, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06003199890255928, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06297486906159717, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05637540515456456, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.035233392048990265, 1, 0.0, 0},
+};
+static const Point tf32_13_aligned[] = {
+    {256, 256, 256, 0.009535999968647957, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.27866712648023456, 1, 0.0, 0},
+    {512, 512, 512, 0.011839999817311764, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16439379544890867, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026016000658273697, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3988108521531507, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1327200010418892, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.409404286959253, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.8947039842605591, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.30534518394579374, 1, 0.0, 0},
+    {8192, 8192, 8192, 11.926623821258545, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3448346641440973, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.41600000858306885, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.2695753864091308, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03923200070858002, 0.0, 8.317766166719343, 8.317766166719343, 0.2463016419017554, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06905599683523178, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.20251898591913087, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0644799992442131, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.2525601473512353, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14564800262451172, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.03677137697365156, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13635199517011642, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.029181650913501413, 1, 0.0, 0},
+    {4096, 32, 4096, 0.060047999024391174, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.06274548825798952, 1, 0.0, 0},
+    {80, 8192, 4096, 0.19787199795246124, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.8793786560155782, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08161600306630135, 0.0, 9.306377560173125, 8.317766166719343, 0.36962662086289977, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08195199817419052, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.37373494985057787, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04044799879193306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.27682605218396295, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10654399916529655, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2603163468975834, 1, 0.0, 0},
+    {4096, 16, 4096, 0.061135999858379364, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.08070215050053296, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06862400099635124, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.19624360440598965, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06387200206518173, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.2430861738962523, 1, 0.0, 0},
+    {5, 4096, 4096, 0.03951999917626381, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.25361573556287215, 1, 0.0, 0},
+    {3, 4096, 11008, 0.07939200103282928, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.22830010566524578, 1, 0.0, 0},
+    {4096, 4096, 512, 0.2710080146789551, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.4587327741336865, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.7434720098972321, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.44057237803529375, 1, 0.0, 0},
+    {8192, 8192, 256, 0.8897119760513306, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.47996942543050364, 1, 0.0, 0},
+    {2048, 2048, 128, 0.05923200026154518, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.43450963835343914, 1, 0.0, 0},
+    {16384, 4096, 64, 0.9015679955482483, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.3417500518952607, 1, 0.0, 0},
+    {256, 256, 32768, 0.10358399897813797, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.46988458673728684, 1, 0.0, 0},
+    {512, 512, 16384, 0.06351999938488007, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.33142307360237055, 1, 0.0, 0},
+    {128, 1024, 65536, 0.2059839963912964, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.43968500616466144, 1, 0.0, 0},
+    {64, 64, 131072, 0.34569600224494934, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5973284914022469, 1, 0.0, 0},
+    {384, 384, 24576, 0.08345600217580795, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.4188556824812886, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4474399983882904, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2761249789439906, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5232640206813812, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.31584878960939683, 1, 0.0, 0},
+    {1536, 2560, 768, 0.08452800288796425, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.29969027907712903, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.3794720023870468, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3241316158344033, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.584720015525818, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0990164825342163, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3876959681510925, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.269542502470466, 1, 0.0, 0},
+    {512, 512, 512, 0.29393599927425385, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3775191149396411, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.47974398732185364, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.35286481374322376, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.0698080025613308, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.2702229260878009, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.4947520047426224, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.25785805643819515, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.16223999857902527, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.3106879328051212, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.48691199719905853, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.39836224813985655, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1825760006904602, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.026387714172100757, 1, 0.0, 1},
+};
+static const Point tf32_13_unaligned[] = {
+    {2047, 2047, 2047, 0.24313600361347198, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031962301054643934, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.13180800527334213, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07221250070893183, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.0584800243377686, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02906443136897514, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03846399858593941, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.07158184821723505, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06439999863505363, 8.317766166719343, 0.0, 8.317766166719343, -0.14749440335846972, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05060800164937973, 0.0, 8.317766166719343, 8.317766166719343, -0.010473881408715177, 1, 0.0, 0},
+    {16, 11008, 4096, 0.09619200229644775, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10191442014991446, 1, 0.0, 0},
+    {8, 6144, 6144, 0.12115199863910675, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1542112480024241, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07075200229883194, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.06736466622192872, 1, 0.0, 0},
+    {13, 5000, 3001, 0.045504000037908554, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.0012869462524613315, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6520959734916687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03363747739254298, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05443200096487999, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01844631738970991, 1, 0.0, 0},
+};
+static const Point tf32_14_aligned[] = {
+    {256, 256, 256, 0.009056000038981438, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.22908328963299604, 1, 0.0, 0},
+    {512, 512, 512, 0.011327999643981457, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07204776863638965, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03049599938094616, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3391416870771724, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.13836799561977386, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4143700318644827, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.8582720160484314, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3427793132762631, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.811520099639893, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.011507342864931495, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.42712000012397766, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.2769531565038324, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06164800003170967, 0.0, 8.317766166719343, 8.317766166719343, 0.3762059411259996, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12097599729895592, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.40638151245951215, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08038400113582611, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.17472030952673442, 1, 0.0, 0},
+    {128, 8192, 8192, 0.1372160017490387, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.046859286729950676, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13967999815940857, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06465702632920539, 1, 0.0, 0},
+    {4096, 32, 4096, 0.03903999924659729, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.5208646526159382, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08761599659919739, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.08375294682183006, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1764480024576187, 0.0, 9.306377560173125, 8.317766166719343, 0.3952933189294536, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1677439957857132, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3447060721774504, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06265600025653839, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.3924246037302711, 1, 0.0, 0},
+    {4, 14336, 4096, 0.23430399596691132, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5296298192728474, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0387520007789135, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5134602978399094, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13465599715709686, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.5135127130935012, 1, 0.0, 0},
+    {12, 4096, 8192, 0.09937599673867226, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3868157469899377, 1, 0.0, 0},
+    {5, 4096, 4096, 0.0658240020275116, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.44174969700038885, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1308640018105507, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.43376584900065346, 1, 0.0, 0},
+    {4096, 4096, 512, 0.3201279938220978, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.47581740554861285, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8181440234184265, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.4794642773883811, 1, 0.0, 0},
+    {8192, 8192, 256, 1.1942239999771118, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.42590064093934255, 1, 0.0, 0},
+    {2048, 2048, 128, 0.07699199765920639, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.4011246454895112, 1, 0.0, 0},
+    {16384, 4096, 64, 1.0623199939727783, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.4878731692837634, 1, 0.0, 0},
+    {256, 256, 32768, 0.08617600053548813, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25598110759776616, 1, 0.0, 0},
+    {512, 512, 16384, 0.05644800141453743, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07686997255148754, 1, 0.0, 0},
+    {128, 1024, 65536, 0.174112007021904, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.19703538897480413, 1, 0.0, 0},
+    {64, 64, 131072, 0.28990399837493896, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.35501608789057626, 1, 0.0, 0},
+    {384, 384, 24576, 0.07145600020885468, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18685874427130014, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4467040002346039, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.24904713736526074, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5042719841003418, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.22973946357035596, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09355199709534645, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.38555260924808404, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.3920480012893677, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.34926204228633745, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.9314240217208862, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.0872221446760909, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.9676640033721924, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0875023299871045, 1, 0.0, 0},
+    {512, 512, 512, 0.3737120032310486, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.32105284612454077, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6094399988651276, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.35672946675423045, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.09139200299978256, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.22966815533833365, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5745439827442169, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.41569331496248607, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11521599814295769, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.15007510123982307, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.5963839888572693, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.4333296523201534, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1894239783287048, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.016475980450670474, 1, 0.0, 1},
+};
+static const Point tf32_14_unaligned[] = {
+    {2047, 2047, 2047, 0.2624000012874603, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007838251607080694, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.14209599792957306, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.068234604426392, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.148271918296814, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.017954578584531464, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03843199834227562, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08446125272623094, 1, 0.0, 0},
+    {4096, 1, 4096, 0.038704000413417816, 8.317766166719343, 0.0, 8.317766166719343, -0.06616189787198795, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04662400111556053, 0.0, 8.317766166719343, 8.317766166719343, -0.07383853079407951, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10425599664449692, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.05077309220888956, 1, 0.0, 0},
+    {8, 6144, 6144, 0.09529600292444229, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.0913299574829486, 1, 0.0, 0},
+    {4096, 12, 4096, 0.05894400179386139, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.3202997665679716, 1, 0.0, 0},
+    {13, 5000, 3001, 0.05596800148487091, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.03895305113551452, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6176480054855347, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05644400712231827, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05990400165319443, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.011776765782059872, 1, 0.0, 0},
+};
+static const Point tf32_15_aligned[] = {
+    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.05530432724237157, 1, 0.0, 0},
+    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09440136480599068, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09812440840090715, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0721208456254674, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008454165152370598, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.1253540571437899, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.004645420994572115, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.10244050766270092, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.015081724662478743, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10742456562076064, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0765390956643731, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0788740513110861, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.1487834056891436, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.013134434433595263, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.1395310271081112, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.13113206362256535, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.11602817506135232, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.29047174584453417, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11229278508568348, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.027085375370287875, 1, 0.0, 0},
+    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.1297423948191056, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07636800035834312, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.10525032187546458, 1, 0.0, 0},
+    {3, 4096, 11008, 0.18873600661754608, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.11858951781073225, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07527097040060478, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.02129347655110335, 1, 0.0, 0},
+    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.031191272083434723, 1, 0.0, 0},
+    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.020475788841402658, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04883985905685414, 1, 0.0, 0},
+    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0973277116251822, 1, 0.0, 0},
+    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1174559571162861, 1, 0.0, 0},
+    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.11537123428881019, 1, 0.0, 0},
+    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10589987899661438, 1, 0.0, 0},
+    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1289373132592363, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1476734445768923, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11396080254372887, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0034005748241463934, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.016243498833998504, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.029039011197934197, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.005737685501586717, 1, 0.0, 0},
+    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02823830360345956, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.04581150701896065, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.34667010907019036, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.07267242906831359, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1788068023941007, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08614241332655427, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3762038322136907, 1, 0.0, 1},
+};
+static const Point tf32_15_unaligned[] = {
+    {2047, 2047, 2047, 0.2032639980316162, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.030254260154697475, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11540799960494041, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.22029801230813728, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7205439805984497, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.01604045694322057, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03359999880194664, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11937771346639352, 1, 0.0, 0},
+    {4096, 1, 4096, 0.0796000026166439, 8.317766166719343, 0.0, 8.317766166719343, 0.04336141229247109, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10039999708533287, 0.0, 8.317766166719343, 8.317766166719343, 0.2766515812308978, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10847999900579453, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.13010341053356553, 1, 0.0, 0},
+    {8, 6144, 6144, 0.1467360034584999, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.11940266044904722, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08636800199747086, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09666899035913636, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07756800204515457, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.1966738032753588, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.515775978565216, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.019272121715461193, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14340887603087704, 1, 0.0, 0},
+};
+static const Point tf32_16_aligned[] = {
     {256, 256, 256, 0.011327999643981457, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.4756738320074999, 1, 0.0, 0},
     {512, 512, 512, 0.01708799973130226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.49258312223638206, 1, 0.0, 0},
     {1024, 1024, 1024, 0.04686399921774864, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6460503023675426, 1, 0.0, 0},
@@ -19125,7 +19409,7 @@ static const Point tf32_9_aligned[] = {
     {2048, 2048, 256, 1.174784004688263, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.6451591140181732, 8, 2.0794415416798357, 0},
     {4092, 4092, 4092, 1.398144006729126, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.2499945179588407, 1, 0.0, 1},
 };
-static const Point tf32_9_unaligned[] = {
+static const Point tf32_16_unaligned[] = {
     {2047, 2047, 2047, 0.3336000144481659, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.014304362254592173, 1, 0.0, 0},
     {1531, 1531, 1531, 0.1847359985113144, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08812723069232856, 1, 0.0, 0},
     {5003, 5003, 5003, 3.380623936653137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03444680432073029, 1, 0.0, 0},
@@ -19139,386 +19423,55 @@ static const Point tf32_9_unaligned[] = {
     {4096, 4096, 4096, 1.8599199652671814, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05209248470815647, 1, 0.0, 0},
     {1024, 1024, 1024, 0.08144000172615051, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05599403606847577, 1, 0.0, 0},
 };
-static const Point tf32_10_aligned[] = {
-    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08369077539914832, 1, 0.0, 0},
-    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.052230817321966626, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06635023468594156, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07769276597182462, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.012142749265336513, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06296588888146952, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20985187486629236, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, -0.0594099439916945, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.35912849294891214, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10514141994732702, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06428748309600446, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.060092814119232035, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.12472050208210642, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1442514335635733, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.5582355041655189, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.449097723072408, 1, 0.0, 0},
-    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.10402360918303491, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6148602675290359, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11525969510615172, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39103593380960366, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.13228328295512548, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05889600142836571, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.029158557808842817, 1, 0.0, 0},
-    {3, 4096, 11008, 0.14740800112485886, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03644208592600943, 1, 0.0, 0},
-    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20879332033979034, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10603111748634282, 1, 0.0, 0},
-    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.11366270634623353, 1, 0.0, 0},
-    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1170235740546261, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.232929661257535, 1, 0.0, 0},
-    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.253849506553881, 1, 0.0, 0},
-    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.24484352661548173, 1, 0.0, 0},
-    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.2621279589260468, 1, 0.0, 0},
-    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24282889751262815, 1, 0.0, 0},
-    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2275764733725939, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14872752411410983, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23244835493098892, 1, 0.0, 0},
-    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0884355370480441, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.10545732079334998, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.07867478862605463, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.041361716979944015, 1, 0.0, 0},
-    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13871267678715596, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18937142270168333, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.7310334175148813, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3925208881144133, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6507814044281238, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08359881924923655, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5349466992539917, 1, 0.0, 1},
+static const Point tf32_17_aligned[] = {
+    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.020714734237114295, 1, 0.0, 0},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10571641698268851, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11354891094073842, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0861463177482619, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.007415928765563035, 1, 0.0, 0},
+    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05322066050952398, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.09897766669011357, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.14154469943865824, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08411993961670827, 1, 0.0, 0},
+    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.171721949447773, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02437557653479357, 1, 0.0, 0},
+    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.016428261905073415, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07715794650747787, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.03367237622812767, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.2580781265699113, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2170458761491967, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.1354951408823419, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4249819059436514, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05487722589487441, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.08663461998046505, 1, 0.0, 0},
+    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.1883413601604024, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06407999992370605, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.16985432531659653, 1, 0.0, 0},
+    {3, 4096, 11008, 0.15520000457763672, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.20713882782839904, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04551024619068856, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.008809174542350392, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.040862892743726904, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03636459800482055, 1, 0.0, 0},
+    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00443677265880036, 1, 0.0, 0},
+    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.22116129833603246, 1, 0.0, 0},
+    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.21690646957599405, 1, 0.0, 0},
+    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.24209961218719375, 1, 0.0, 0},
+    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24325422675670128, 1, 0.0, 0},
+    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.24639335745715854, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11969678453608092, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23474400937921777, 1, 0.0, 0},
+    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08117573192234262, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.005116387289822138, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.01829012563352233, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.003406670827286458, 1, 0.0, 0},
+    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1596042409280832, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.02046400628383914, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.540269769884973, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1210069902102728, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.31262007148500565, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.013333281535536184, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3439398490636886, 1, 0.0, 1},
 };
-static const Point tf32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.03250112472665428, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03507616251726398, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03296174333064562, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09785930117156033, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06032000109553337, 8.317766166719343, 0.0, 8.317766166719343, -0.2431430083972186, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10201600193977356, 0.0, 8.317766166719343, 8.317766166719343, 0.2823229324831557, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11023999750614166, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.02470031104248151, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14974399656057358, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.19223684068128727, 1, 0.0, 0},
-    {4096, 12, 4096, 0.0862560011446476, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09767980244447837, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07798399776220322, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21334125515575608, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009179687078513167, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1037445293280256, 1, 0.0, 0},
-};
-static const Point tf32_11_aligned[] = {
-    {1, 4096, 4096, 0.035551998764276505, 0.0, 8.317766166719343, 8.317766166719343, -0.04546190559860433, 1, 0.0, 0},
-    {16, 8192, 4096, 0.3005119860172272, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5935011974621001, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.06209810524860623, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1833599954843521, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2814023348105837, 1, 0.0, 0},
-    {16, 4096, 4096, 0.1581760048866272, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.5364648248953784, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10977600142359734, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.1007406640346818, 1, 0.0, 0},
-    {4096, 16, 4096, 0.15804800391197205, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5356552659872341, 1, 0.0, 0},
-    {6, 8192, 4096, 0.1348479986190796, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3794339590192071, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2951360046863556, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.771055345056397, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07196799665689468, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.3259088823854962, 1, 0.0, 0},
-    {3, 4096, 11008, 0.09171199798583984, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03102516179502553, 1, 0.0, 0},
-};
-static const Point tf32_11_unaligned[] = {
-    {4096, 1, 4096, 0.03551999852061272, 8.317766166719343, 0.0, 8.317766166719343, -0.018712968321818853, 1, 0.0, 0},
-    {1, 4096, 4096, 0.036720000207424164, 0.0, 8.317766166719343, 8.317766166719343, 0.014512726604725223, 1, 0.0, 0},
-    {16, 11008, 4096, 0.7252639830112457, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1489141996060848, 1, 0.0, 0},
-    {8, 6144, 6144, 0.2837759852409363, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.755969596433741, 1, 0.0, 0},
-    {4096, 12, 4096, 0.2409919947385788, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 1.202807690730277, 1, 0.0, 0},
-    {13, 5000, 3001, 0.23499199748039246, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 1.2213987201171452, 1, 0.0, 0},
-};
-static const Point tf32_12_aligned[] = {
-    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0009400120570410795, 1, 0.0, 0},
-    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.022375353966434957, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11194320171564599, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16623559381633934, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.22855236803255477, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.2144943047767691, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.14880942795689003, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, -0.01296920722954696, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09850322168124027, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05067116232444615, 1, 0.0, 0},
-    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08871136505025956, 1, 0.0, 0},
-    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.09972471578464266, 1, 0.0, 0},
-    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.840953931716812, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.08338421142713516, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, -0.05800855900615853, 1, 0.0, 0},
-    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05085377740797821, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.002058369857388457, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.015500744038939147, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.015782279507794494, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09610700908224643, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0683391582135439, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06851200014352798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.029321265536549884, 1, 0.0, 0},
-    {3, 4096, 11008, 0.16300800442695618, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.10962700100718462, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2152708992448223, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1265311548905902, 1, 0.0, 0},
-    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10454059422895443, 1, 0.0, 0},
-    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.022695012337521143, 1, 0.0, 0},
-    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.05198342482539637, 1, 0.0, 0},
-    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.15065373986402528, 1, 0.0, 0},
-    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12316845058182907, 1, 0.0, 0},
-    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12686931624466172, 1, 0.0, 0},
-    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08015029317843693, 1, 0.0, 0},
-    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1530094502425126, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1766615950051504, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18569230375251614, 1, 0.0, 0},
-    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.17416095769541523, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.15326526463292786, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.2100792298514953, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.2273059607642726, 1, 0.0, 0},
-    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08729865592058154, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.03198897384558233, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3177511376873172, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.214113892740781, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16239629633382477, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.1111661639288502, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.21116414359612365, 1, 0.0, 1},
-};
-static const Point tf32_12_unaligned[] = {
-    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.009952807832240347, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.0004085501502924282, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.027740636760458286, 1, 0.0, 0},
-    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.013265116650729818, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.017352725047486993, 1, 0.0, 0},
-    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.017152357171613113, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06778066258772728, 1, 0.0, 0},
-    {8, 6144, 6144, 0.11233599856495857, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.07957245205765709, 1, 0.0, 0},
-    {4096, 12, 4096, 0.07206399738788605, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.01022261944518411, 1, 0.0, 0},
-    {13, 5000, 3001, 0.06003199890255928, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06297486906159717, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05637540515456456, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.035233392048990265, 1, 0.0, 0},
-};
-static const Point tf32_13_aligned[] = {
-    {256, 256, 256, 0.009535999968647957, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2782957636592839, 1, 0.0, 0},
-    {512, 512, 512, 0.011839999817311764, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1641541695249473, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026016000658273697, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3981299165085906, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1327200010418892, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.40899710585029075, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.8947039842605591, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.30541673756172655, 1, 0.0, 0},
-    {8192, 8192, 8192, 11.926623821258545, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3443744177348359, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.41600000858306885, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.26943944770860445, 1, 0.0, 0},
-    {1, 4096, 4096, 0.03923200070858002, 0.0, 8.317766166719343, 8.317766166719343, 0.24587395234019377, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06905599683523178, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.2022579663506679, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0644799992442131, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.25191647775569487, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14564800262451172, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0362463880589194, 1, 0.0, 0},
-    {8192, 128, 8192, 0.13635199517011642, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.029706639828233433, 1, 0.0, 0},
-    {4096, 32, 4096, 0.060047999024391174, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.06248446868952659, 1, 0.0, 0},
-    {80, 8192, 4096, 0.19787199795246124, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.8791798815368529, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08161600306630135, 0.0, 9.306377560173125, 8.317766166719343, 0.36936560129443674, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08195199817419052, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.37347393028211484, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04044799879193306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.27639836262240114, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10654399916529655, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.26011757241885813, 1, 0.0, 0},
-    {4096, 16, 4096, 0.061135999858379364, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.08044113093206992, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06862400099635124, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.19598258483752654, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06387200206518173, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.24244250430071196, 1, 0.0, 0},
-    {5, 4096, 4096, 0.03951999917626381, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.2531880460013105, 1, 0.0, 0},
-    {3, 4096, 11008, 0.07939200103282928, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.22758575117099714, 1, 0.0, 0},
-    {4096, 4096, 512, 0.2710080146789551, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.45712950607103137, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.7434720098972321, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.4394660342060632, 1, 0.0, 0},
-    {8192, 8192, 256, 0.8897119760513306, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.47786906961203796, 1, 0.0, 0},
-    {2048, 2048, 128, 0.05923200026154518, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.43245049163454224, 1, 0.0, 0},
-    {16384, 4096, 64, 0.9015679955482483, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.3392382825333537, 1, 0.0, 0},
-    {256, 256, 32768, 0.10358399897813797, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.47076615861665216, 1, 0.0, 0},
-    {512, 512, 16384, 0.06351999938488007, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3322146923105325, 1, 0.0, 0},
-    {128, 1024, 65536, 0.2059839963912964, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4406162148560986, 1, 0.0, 0},
-    {64, 64, 131072, 0.34569600224494934, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5982859243912682, 1, 0.0, 0},
-    {384, 384, 24576, 0.08345600217580795, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.4197057052191354, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4474399983882904, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2768392867146644, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5232640206813812, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.31674350110751104, 1, 0.0, 0},
-    {1536, 2560, 768, 0.08452800288796425, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.2984433352655258, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3794720023870468, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3236814571047639, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.584720015525818, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09895070700086228, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3876959681510925, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.26946960446296303, 1, 0.0, 0},
-    {512, 512, 512, 0.29393599927425385, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3759158468769858, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.47974398732185364, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.35058827579698926, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.0698080025613308, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.26816377936890395, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.4947520047426224, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.255364899915871, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.16223999857902527, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.30912767937795305, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.48691199719905853, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.3962769261054893, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.1825760006904602, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.026459267788033567, 1, 0.0, 1},
-};
-static const Point tf32_13_unaligned[] = {
-    {2047, 2047, 2047, 0.24313600361347198, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031962301054643934, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.13180800527334213, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07221250070893183, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.0584800243377686, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02906443136897514, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03846399858593941, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.07158184821723505, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06439999863505363, 8.317766166719343, 0.0, 8.317766166719343, -0.14749440335846972, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05060800164937973, 0.0, 8.317766166719343, 8.317766166719343, -0.010473881408715177, 1, 0.0, 0},
-    {16, 11008, 4096, 0.09619200229644775, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10191442014991446, 1, 0.0, 0},
-    {8, 6144, 6144, 0.12115199863910675, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1542112480024241, 1, 0.0, 0},
-    {4096, 12, 4096, 0.07075200229883194, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.06736466622192872, 1, 0.0, 0},
-    {13, 5000, 3001, 0.045504000037908554, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.0012869462524613315, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6520959734916687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03363747739254298, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05443200096487999, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01844631738970991, 1, 0.0, 0},
-};
-static const Point tf32_14_aligned[] = {
-    {256, 256, 256, 0.009056000038981438, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.22895307608413978, 1, 0.0, 0},
-    {512, 512, 512, 0.011327999643981457, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07199478407221085, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03049599938094616, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3382870036802405, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.13836799561977386, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.41373293577782394, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.8582720160484314, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3426612040295837, 1, 0.0, 0},
-    {8192, 8192, 8192, 7.811520099639893, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.011853123065762238, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.42712000012397766, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.27661483656164515, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06164800003170967, 0.0, 8.317766166719343, 8.317766166719343, 0.37600273684602503, 1, 0.0, 0},
-    {16, 8192, 4096, 0.12097599729895592, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4063363877981234, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08038400113582611, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.17419590068350158, 1, 0.0, 0},
-    {128, 8192, 8192, 0.1372160017490387, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.04642216364813572, 1, 0.0, 0},
-    {8192, 128, 8192, 0.13967999815940857, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06421990324739045, 1, 0.0, 0},
-    {4096, 32, 4096, 0.03903999924659729, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.5203868734957556, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08761599659919739, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.08370782216044116, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1764480024576187, 0.0, 9.306377560173125, 8.317766166719343, 0.39530449502327947, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1677439957857132, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3447172482712762, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06265600025653839, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.39222139945029644, 1, 0.0, 0},
-    {4, 14336, 4096, 0.23430399596691132, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5296574370241275, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0387520007789135, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5129825187197269, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13465599715709686, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.5134675884321125, 1, 0.0, 0},
-    {12, 4096, 8192, 0.09937599673867226, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.386291338146705, 1, 0.0, 0},
-    {5, 4096, 4096, 0.0658240020275116, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.44154649272041424, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1308640018105507, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4331312716451701, 1, 0.0, 0},
-    {4096, 4096, 512, 0.3201279938220978, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.47410466722932393, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8181440234184265, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.4781837665210464, 1, 0.0, 0},
-    {8192, 8192, 256, 1.1942239999771118, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.42385669180627134, 1, 0.0, 0},
-    {2048, 2048, 128, 0.07699199765920639, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.399088521056989, 1, 0.0, 0},
-    {16384, 4096, 64, 1.0623199939727783, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.48565297731535445, 1, 0.0, 0},
-    {256, 256, 32768, 0.08617600053548813, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25692303933459165, 1, 0.0, 0},
-    {512, 512, 16384, 0.05644800141453743, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07771102261990095, 1, 0.0, 0},
-    {128, 1024, 65536, 0.174112007021904, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.19803532237144678, 1, 0.0, 0},
-    {64, 64, 131072, 0.28990399837493896, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.35604725134766896, 1, 0.0, 0},
-    {384, 384, 24576, 0.07145600020885468, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18776498075580061, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4467040002346039, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2497289343262075, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5042719841003418, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2306741652440682, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09355199709534645, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.38419219877187155, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3920480012893677, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.34857588853080274, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.9314240217208862, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.08709678639851882, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.9676640033721924, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.08738590949691522, 1, 0.0, 0},
-    {512, 512, 512, 0.3737120032310486, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3193401078052519, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6094399988651276, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.3545222130298527, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.09139200299978256, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.22763203090581144, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5745439827442169, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.41348606123810844, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11521599814295769, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.14847687176278843, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.5963839888572693, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.43129756011999476, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.1894239783287048, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.016357871203990997, 1, 0.0, 1},
-};
-static const Point tf32_14_unaligned[] = {
-    {2047, 2047, 2047, 0.2624000012874603, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007838251607080694, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.14209599792957306, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.068234604426392, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.148271918296814, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.017954578584531464, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03843199834227562, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08446125272623094, 1, 0.0, 0},
-    {4096, 1, 4096, 0.038704000413417816, 8.317766166719343, 0.0, 8.317766166719343, -0.06616189787198795, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04662400111556053, 0.0, 8.317766166719343, 8.317766166719343, -0.07383853079407951, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10425599664449692, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.05077309220888956, 1, 0.0, 0},
-    {8, 6144, 6144, 0.09529600292444229, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.0913299574829486, 1, 0.0, 0},
-    {4096, 12, 4096, 0.05894400179386139, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.3202997665679716, 1, 0.0, 0},
-    {13, 5000, 3001, 0.05596800148487091, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.03895305113551452, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6176480054855347, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05644400712231827, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05990400165319443, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.011776765782059872, 1, 0.0, 0},
-};
-static const Point tf32_15_aligned[] = {
-    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.055304451635515804, 1, 0.0, 0},
-    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09440134113653753, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09812443854328325, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07212091231928446, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008454173706066876, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12535411079174436, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.004645432108897156, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.10244072716064657, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.015081539361112641, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10742480876607466, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07653928102278794, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07887389442838202, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.148783617736145, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.013134603359694248, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.13953085863396533, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.1311318974945458, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.11602839255770526, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.290471602930904, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11229300092247921, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.027085187502060754, 1, 0.0, 0},
-    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12974264533038835, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07636800035834312, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.10525054083952018, 1, 0.0, 0},
-    {3, 4096, 11008, 0.18873600661754608, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.11858977853511524, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07527095121360673, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.021293458504474665, 1, 0.0, 0},
-    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.03119127256030252, 1, 0.0, 0},
-    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0204759043688579, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.048839817382174244, 1, 0.0, 0},
-    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09732801636301881, 1, 0.0, 0},
-    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11745623123256732, 1, 0.0, 0},
-    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1153715385956853, 1, 0.0, 0},
-    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10590019876940472, 1, 0.0, 0},
-    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.12893760731106546, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14767351507972473, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11396100918616153, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0034007422872956894, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.016243441827843298, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.029039043877825667, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.005737717922426151, 1, 0.0, 0},
-    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02823830130674096, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.04581151919775837, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3466702388548414, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.07267239375648672, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.17880675321587197, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08614240272553306, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.37620384019835695, 1, 0.0, 1},
-};
-static const Point tf32_15_unaligned[] = {
-    {2047, 2047, 2047, 0.2032639980316162, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.030254260154697475, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11540799960494041, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.22029801230813728, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7205439805984497, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.01604045694322057, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03359999880194664, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11937771346639352, 1, 0.0, 0},
-    {4096, 1, 4096, 0.0796000026166439, 8.317766166719343, 0.0, 8.317766166719343, 0.04336141229247109, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10039999708533287, 0.0, 8.317766166719343, 8.317766166719343, 0.2766515812308978, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10847999900579453, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.13010341053356553, 1, 0.0, 0},
-    {8, 6144, 6144, 0.1467360034584999, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.11940266044904722, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08636800199747086, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09666899035913636, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07756800204515457, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.1966738032753588, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.515775978565216, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.019272121715461193, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14340887603087704, 1, 0.0, 0},
-};
-static const Point tf32_16_aligned[] = {
-    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.02071527291596791, 1, 0.0, 0},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10571615115464862, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11354891019007955, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08614662197379422, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.007416365067872394, 1, 0.0, 0},
-    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05322113850224367, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.09897727948696733, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.14154504059596087, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08411959845940566, 1, 0.0, 0},
-    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.17172236920977707, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02437599629679754, 1, 0.0, 0},
-    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.016427842143069422, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07715828766478049, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.03367203507082499, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.2580777854126086, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.21704553499189388, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.13549548203964457, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.42498156478634874, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.054877567052177216, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.08663427882316227, 1, 0.0, 0},
-    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.18834177992240644, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06407999992370605, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.16985466647389924, 1, 0.0, 0},
-    {3, 4096, 11008, 0.15520000457763672, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.2071392690864956, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04551036996428273, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.008809477375478176, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.040862850379911844, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03636507761940615, 1, 0.0, 0},
-    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.004436557403848995, 1, 0.0, 0},
-    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.22116178288025737, 1, 0.0, 0},
-    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2169069319246437, 1, 0.0, 0},
-    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.2421001080659997, 1, 0.0, 0},
-    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2432547283634748, 1, 0.0, 0},
-    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.24639383453351935, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11969724688473062, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23474450146195777, 1, 0.0, 0},
-    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08117580757060519, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.005116743769073423, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.018289677427903786, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.003407103185803901, 1, 0.0, 0},
-    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1596041171544889, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.0204641456917666, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5402702494995588, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.12100724774800495, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.312619993686981, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.013333288674037897, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3439394127613792, 1, 0.0, 1},
-};
-static const Point tf32_16_unaligned[] = {
+static const Point tf32_17_unaligned[] = {
     {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.011358936951765186, 1, 0.0, 0},
     {1531, 1531, 1531, 0.11779200285673141, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2832337082218231, 1, 0.0, 0},
     {5003, 5003, 5003, 2.6783519983291626, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010232239327174772, 1, 0.0, 0},
@@ -19531,68 +19484,6 @@ static const Point tf32_16_unaligned[] = {
     {13, 5000, 3001, 0.07753600180149078, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.17343314317790642, 1, 0.0, 0},
     {4096, 4096, 4096, 1.4395039677619934, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.019758278155345883, 1, 0.0, 0},
     {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13991886845683407, 1, 0.0, 0},
-};
-static const Point tf32_17_aligned[] = {
-    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.49327843332635857, 1, 0.0, 0},
-    {512, 512, 512, 0.016736000776290894, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5314915049045166, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04753600060939789, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6051644079811812, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.19996799528598785, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.5877225320412383, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.0917440056800842, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.4593450863902213, 1, 0.0, 0},
-    {8192, 8192, 8192, 7.784560203552246, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21302402300419657, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5562559962272644, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.43020716294809963, 1, 0.0, 0},
-    {1, 4096, 4096, 0.043807998299598694, 0.0, 8.317766166719343, 8.317766166719343, 0.19825840812575463, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07310399785637856, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1629219627320547, 1, 0.0, 0},
-    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.3438325320135952, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16257599741220474, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0091008161930739, 1, 0.0, 0},
-    {8192, 128, 8192, 0.13460800051689148, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.19787953037071623, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05555199831724167, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05691032623112367, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09427200257778168, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.21389780666402092, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0910400003194809, 0.0, 9.306377560173125, 8.317766166719343, 0.07052658449960827, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0912800021469593, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.06554717123575474, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04505600035190582, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2120640372302353, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1138560026884079, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1381342897065398, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0560000017285347, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.02994779494770151, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07215999811887741, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1610827085388804, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06835199892520905, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.4066011427581806, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04382399842143059, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.19479447879182268, 1, 0.0, 0},
-    {3, 4096, 11008, 0.0830559991300106, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.48743332108261095, 1, 0.0, 0},
-    {4096, 4096, 512, 0.599375993013382, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.6234462381525161, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.347104012966156, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.661813182237494, 1, 0.0, 0},
-    {8192, 8192, 256, 2.28056001663208, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.6202816025196173, 1, 0.0, 0},
-    {2048, 2048, 128, 0.13732799887657166, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7110361302754797, 1, 0.0, 0},
-    {16384, 4096, 64, 2.0776959657669067, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.6945425939238347, 1, 0.0, 0},
-    {256, 256, 32768, 0.045951999723911285, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07852810338593037, 1, 0.0, 0},
-    {512, 512, 16384, 0.05841600149869919, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.19648971041388202, 1, 0.0, 0},
-    {128, 1024, 65536, 0.1467519998550415, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.31650073756887276, 1, 0.0, 0},
-    {64, 64, 131072, 0.10678400099277496, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.13302247866746073, 1, 0.0, 0},
-    {384, 384, 24576, 0.060095999389886856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.23124141953406813, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.48819200694561005, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17320110282941759, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5770879983901978, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.04565996496265048, 1, 0.0, 0},
-    {1536, 2560, 768, 0.16195200383663177, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.5705682373242708, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5261280238628387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5934416847555731, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.0699520111083984, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.40580218690025743, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1086080074310303, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.30880739930806284, 1, 0.0, 0},
-    {512, 512, 512, 0.6953920125961304, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.4748596070858913, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.1224640011787415, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.6280138493655034, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.1512800008058548, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6142759173936116, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.0836640000343323, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.6568811369802937, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.35676801204681396, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.45050602542930385, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.1810719966888428, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.58962155496849, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.3967679738998413, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.21248211081468543, 1, 0.0, 1},
-};
-static const Point tf32_17_unaligned[] = {
-    {2047, 2047, 2047, 0.3359839916229248, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.020993039680964613, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1844480037689209, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08403577199677488, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.3597439527511597, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.037010714622701835, 1, 0.0, 0},
-    {127, 4099, 1023, 0.047968000173568726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06228397487834584, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05894400179386139, 8.317766166719343, 0.0, 8.317766166719343, -0.11166771528441445, 1, 0.0, 0},
-    {1, 4096, 4096, 0.048496000468730927, 0.0, 8.317766166719343, 8.317766166719343, -0.03281865001084426, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11388800293207169, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11524394947984849, 1, 0.0, 0},
-    {8, 6144, 6144, 0.08619200065732002, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.10248560460945619, 1, 0.0, 0},
-    {4096, 12, 4096, 0.06401600316166878, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.05459908165263831, 1, 0.0, 0},
-    {13, 5000, 3001, 0.0536159984767437, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.020005738309090144, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.853872001171112, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.053935796830356895, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.08164800330996513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.051255851988621086, 1, 0.0, 0},
 };
 static const Point tf32_18_aligned[] = {
     {1, 4096, 4096, 0.038015998899936676, 0.0, 8.317766166719343, 8.317766166719343, -0.0020192202928855448, 1, 0.0, 0},
@@ -19616,52 +19507,52 @@ static const Point tf32_18_unaligned[] = {
     {13, 5000, 3001, 0.0541439987719059, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.26755994874139094, 1, 0.0, 0},
 };
 static const Point tf32_19_aligned[] = {
-    {256, 256, 256, 0.011935999616980553, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.17623058906913353, 1, 0.0, 0},
-    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1484479857576948, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026847999542951584, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13095560433241185, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.052719999104738235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03926798947468833, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.3916960060596466, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0014862589327587809, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.11625599861145, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.030718416994466244, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.20707200467586517, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04742615228159819, 1, 0.0, 0},
-    {1, 4096, 4096, 0.08601599931716919, 0.0, 8.317766166719343, 8.317766166719343, -0.09467273970796182, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09460799768567085, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.006119641954949951, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15964800119400024, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.12264683641884896, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16779199987649918, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08375649990771512, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20342400670051575, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.10265581892501953, 1, 0.0, 0},
-    {4096, 32, 4096, 0.08755200356245041, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07843789855119501, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09424000233411789, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.012971038893784228, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10444799810647964, 0.0, 9.306377560173125, 8.317766166719343, 0.08944297632878682, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10492800176143646, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.09359481728046662, 1, 0.0, 0},
-    {16, 4096, 4096, 0.08617600053548813, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.09316328727964569, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11852800101041794, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21086370626943743, 1, 0.0, 0},
-    {4096, 16, 4096, 0.08886399865150452, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.06281999642524373, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09462399780750275, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.005488164393314116, 1, 0.0, 0},
-    {12, 4096, 8192, 0.15942400693893433, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12278226611583229, 1, 0.0, 0},
-    {5, 4096, 4096, 0.08590399846434593, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09606874743790138, 1, 0.0, 0},
-    {3, 4096, 11008, 0.20996800065040588, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.12990728465458154, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06908799707889557, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.00852527459616608, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2544320076704025, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0011364953827552905, 1, 0.0, 0},
-    {8192, 8192, 256, 0.18758400529623032, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.06949089885165442, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01297600008547306, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09652075373920911, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10342399775981903, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.025661454507374816, 1, 0.0, 0},
-    {256, 256, 32768, 0.6043840050697327, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1330539454772456, 1, 0.0, 0},
-    {512, 512, 16384, 0.31651198863983154, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10319936411296629, 1, 0.0, 0},
-    {128, 1024, 65536, 1.2012320160865784, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1340635115414925, 1, 0.0, 0},
-    {64, 64, 131072, 2.3792799711227417, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1382458849702513, 1, 0.0, 0},
-    {384, 384, 24576, 0.4567680060863495, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.13152574864301214, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3465439975261688, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05304844439484363, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9343039989471436, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11688192604767918, 1, 0.0, 0},
-    {1536, 2560, 768, 0.025200000032782555, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.033275651013356805, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15001599490642548, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.037341974253153214, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1097919940948486, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.03937812152902168, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3875200003385544, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0005543772172171917, 1, 0.0, 0},
-    {512, 512, 512, 0.09638399630784988, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.3244338877830639, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08019199967384338, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18696059069406906, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02739199995994568, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3418585667400547, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07072000205516815, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.25071258512287853, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07928000018000603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15362795225421783, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09491200000047684, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.05896854358156757, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.4968319982290268, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.23938710142552594, 1, 0.0, 1},
+    {256, 256, 256, 0.011935999616980553, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.17623054393085644, 1, 0.0, 0},
+    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1484478640359711, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026847999542951584, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1309554611210982, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.052719999104738235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03926805395442251, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.3916960060596466, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0014862125877615497, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.11625599861145, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.030718371093561056, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.20707200467586517, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04742610117574149, 1, 0.0, 0},
+    {1, 4096, 4096, 0.08601599931716919, 0.0, 8.317766166719343, 8.317766166719343, -0.09467244876741675, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09460799768567085, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.006119388577064896, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15964800119400024, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.12264653253270033, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16779199987649918, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08375625734317405, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20342400670051575, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.10265602703993988, 1, 0.0, 0},
+    {4096, 32, 4096, 0.08755200356245041, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07843761589902405, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09424000233411789, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.012970802108365619, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10444799810647964, 0.0, 9.306377560173125, 8.317766166719343, 0.08944321069995552, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10492800176143646, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.09359504922333517, 1, 0.0, 0},
+    {16, 4096, 4096, 0.08617600053548813, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.09316299831472627, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11852800101041794, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21086391246203778, 1, 0.0, 0},
+    {4096, 16, 4096, 0.08886399865150452, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.06281970956613947, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09462399780750275, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.0054879084139835424, 1, 0.0, 0},
+    {12, 4096, 8192, 0.15942400693893433, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12278195502511915, 1, 0.0, 0},
+    {5, 4096, 4096, 0.08590399846434593, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09606845702432473, 1, 0.0, 0},
+    {3, 4096, 11008, 0.20996800065040588, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.12990696642493882, 1, 0.0, 0},
+    {4096, 4096, 512, 0.06908799707889557, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.00852531148582853, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2544320076704025, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0011365207861588594, 1, 0.0, 0},
+    {8192, 8192, 256, 0.18758400529623032, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.06949089352303552, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01297600008547306, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09652063048809643, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10342399775981903, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.025661431881257014, 1, 0.0, 0},
+    {256, 256, 32768, 0.6043840050697327, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.13305358475993606, 1, 0.0, 0},
+    {512, 512, 16384, 0.31651198863983154, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10319903054834469, 1, 0.0, 0},
+    {128, 1024, 65536, 1.2012320160865784, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1340631545792772, 1, 0.0, 0},
+    {64, 64, 131072, 2.3792799711227417, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.13824551337191404, 1, 0.0, 0},
+    {384, 384, 24576, 0.4567680060863495, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.13152540055650577, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.3465439975261688, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.053048337261807244, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9343039989471436, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11688166693764175, 1, 0.0, 0},
+    {1536, 2560, 768, 0.025200000032782555, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03327571707773191, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.15001599490642548, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03734199222366925, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1097919940948486, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.03937808599800098, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3875200003385544, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0005543771485936883, 1, 0.0, 0},
+    {512, 512, 512, 0.09638399630784988, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.3244338508934013, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08019199967384338, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1869605880995163, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02739199995994568, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3418585403794594, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07072000205516815, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2507125920813843, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07928000018000603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15362804794422105, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09491200000047684, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.0589685292347869, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.4968319982290268, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.23938705579922157, 1, 0.0, 1},
 };
 static const Point tf32_19_unaligned[] = {
     {2047, 2047, 2047, 0.2035840004682541, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.06486301228266401, 1, 0.0, 0},
@@ -19678,52 +19569,52 @@ static const Point tf32_19_unaligned[] = {
     {1024, 1024, 1024, 0.03452799841761589, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1499789095763118, 1, 0.0, 0},
 };
 static const Point tf32_20_aligned[] = {
-    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0787211734443588, 1, 0.0, 0},
-    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06637859792593541, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05450408443275694, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.03190013891056452, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006881451318557915, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0014027037820890764, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.48884021563570546, 1, 0.0, 0},
-    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.3593653755873567, 1, 0.0, 0},
-    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.059392128018844706, 1, 0.0, 0},
-    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.15210184392533263, 1, 0.0, 0},
-    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.008578172142935884, 1, 0.0, 0},
-    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010504122435616185, 1, 0.0, 0},
-    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1534465059162792, 1, 0.0, 0},
-    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.020618351305245964, 1, 0.0, 0},
-    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.008891042877856761, 1, 0.0, 0},
-    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0013973184429556154, 1, 0.0, 0},
-    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1217672080100198, 1, 0.0, 0},
-    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.052160432222218535, 1, 0.0, 0},
-    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.10977094324995816, 1, 0.0, 0},
-    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03932393985006655, 1, 0.0, 0},
-    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.13149867461418566, 1, 0.0, 0},
-    {5, 4096, 4096, 0.2702080011367798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.28581149423623237, 1, 0.0, 0},
-    {3, 4096, 11008, 0.801008015871048, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4117633441439903, 1, 0.0, 0},
-    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.004474826290348897, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.12667936835881835, 1, 0.0, 0},
-    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.001465726428724906, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.006689636330698073, 1, 0.0, 0},
-    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00019424003013267097, 1, 0.0, 0},
-    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.24873154297306768, 1, 0.0, 0},
-    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.20836471379373472, 1, 0.0, 0},
-    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.2407520237592213, 1, 0.0, 0},
-    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.2640280412138671, 1, 0.0, 0},
-    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.46133855375045935, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.39968451936476984, 1, 0.0, 0},
-    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.2562596423282547, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.3259247995240658, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.23574354951004925, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09411464740729315, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.05362725630660409, 1, 0.0, 0},
-    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11894957960373918, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.27859527485000585, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33254653470221085, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.31950520347072753, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15299867277561136, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20247185699502865, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5754422504232186, 1, 0.0, 1},
+    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.07872107836088059, 1, 0.0, 0},
+    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06637850414796338, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05450413603735396, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.031900188428154494, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0068815035340774305, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0014027568033932218, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.48884024185238206, 1, 0.0, 0},
+    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.3593652698195689, 1, 0.0, 0},
+    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.059392047449199674, 1, 0.0, 0},
+    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1521017477916554, 1, 0.0, 0},
+    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.008578223639932187, 1, 0.0, 0},
+    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010504173932612498, 1, 0.0, 0},
+    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1534464054190328, 1, 0.0, 0},
+    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.02061841448023954, 1, 0.0, 0},
+    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.008891115187869798, 1, 0.0, 0},
+    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.001397388209814038, 1, 0.0, 0},
+    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.12176710481591704, 1, 0.0, 0},
+    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.052160489674013, 1, 0.0, 0},
+    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.10977084005585547, 1, 0.0, 0},
+    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.039323856346943215, 1, 0.0, 0},
+    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.1314985696414321, 1, 0.0, 0},
+    {5, 4096, 4096, 0.2702080011367798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.2858113891591217, 1, 0.0, 0},
+    {3, 4096, 11008, 0.801008015871048, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4117632372878753, 1, 0.0, 0},
+    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.004474869155920376, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.12667941460295562, 1, 0.0, 0},
+    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0014657618145038328, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.0066896244963501415, 1, 0.0, 0},
+    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00019424080045121208, 1, 0.0, 0},
+    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.2487314165354071, 1, 0.0, 0},
+    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.2083646061107967, 1, 0.0, 0},
+    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.2407519035265502, 1, 0.0, 0},
+    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.26402790860559844, 1, 0.0, 0},
+    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.46133843539377817, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.39968452921889286, 1, 0.0, 0},
+    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.25625959084585087, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.3259248378029691, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.23574359318676774, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09411469792373278, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.053627297769836185, 1, 0.0, 0},
+    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1189496224693104, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2785952949366982, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33254654653655874, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3195052021552392, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15299869175564676, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20247189177991193, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5754423024825475, 1, 0.0, 1},
 };
 static const Point tf32_20_unaligned[] = {
     {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022830940549457703, 1, 0.0, 0},
@@ -19742,67 +19633,67 @@ static const Point tf32_20_unaligned[] = {
 
 static const Member members[21] = {
     {64, 128, 32, 1, 1, true, true,
-     {tf32_0_aligned, 46, {0.005402419014200477, 0.00029435917381750326, 0.0006490168818542449, 0.0, 0.0}, 1.8380295431992044},
+     {tf32_0_aligned, 46, {0.00540249331401591, 0.00029435464760455964, 0.0006490406710275707, 0.0, 0.0}, 1.8380344025983624},
      {tf32_0_unaligned, 12, {0.011030444864219172, 0.0006252352099100473, 0.0011425048780216997, 0.030738494418731454, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
-    {64, 128, 32, 4, 1, true, true,
-     {tf32_1_aligned, 46, {0.0059139444205310145, 0.00015237743584428764, 0.009409960632019798, 0.07073248327684846, 0.0}, 1.1675326519983098},
-     {tf32_1_unaligned, 12, {0.023384450004730353, 0.00026828079941591186, 0.003035206663959412, 0.15202568908759878, 0.0}, 1.0}
+    {16, 16, 512, 1, 2, true, false,
+     {tf32_1_aligned, 11, {0.013192017317376972, 0.002548303677473409, 0.0012494423904652202, 0.03115900831796643, 0.0}, 1.0},
+     {tf32_1_unaligned, 6, {0.0082639592497248, 0.004285992771798083, 0.0, 0.0, 0.0}, 1.0}
+     , 1, 1
+     , true, 1
+    },
+    {64, 128, 32, 8, 1, true, true,
+     {tf32_2_aligned, 46, {0.013478083706944262, 0.00010252988939696482, 0.006564725668897187, 0.08623775473310889, 0.0}, 1.3582720924980394},
+     {tf32_2_unaligned, 12, {0.02733139738889555, 9.37958189189426e-05, 0.0034055779621948363, 0.20571369355868607, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_2_aligned, 46, {0.004401289067543483, 0.0005974720776450125, 0.004799062036216383, 0.010205361567491314, 0.0}, 1.5075487079736},
-     {tf32_2_unaligned, 12, {0.010741864292845892, 0.0002810067523404674, 0.0, 0.4103000100169788, 0.0}, 1.0}
+     {tf32_3_aligned, 46, {0.004401289682278236, 0.0005974720080010984, 0.004799061898834932, 0.010205374624502914, 0.0}, 1.5075486826230131},
+     {tf32_3_unaligned, 12, {0.010741864292845892, 0.0002810067523404674, 0.0, 0.4103000100169788, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
-    {16, 16, 512, 1, 2, true, false,
-     {tf32_3_aligned, 11, {0.013192017317376972, 0.002548303677473409, 0.0012494423904652202, 0.03115900831796643, 0.0}, 1.0},
-     {tf32_3_unaligned, 6, {0.0082639592497248, 0.004285992771798083, 0.0, 0.0, 0.0}, 1.0}
-     , 1, 1
-     , true, 1
-    },
     {64, 64, 32, 128, 1, true, true,
-     {tf32_4_aligned, 46, {0.03310927834589598, 0.0, 0.001361092607598048, 0.12803390173892512, 8.56113503115044}, 1.3435229097258625},
+     {tf32_4_aligned, 46, {0.03310460447429922, 0.0, 0.0013617588151149812, 0.12812994557940804, 8.241591544032628}, 1.3442714915883722},
      {tf32_4_unaligned, 12, {0.05443542897630113, 0.0, 0.0007839492997669327, 0.0, 65.32547875031015}, 1.0}
      , 1, 1
      , false, 0
     },
-    {128, 128, 32, 2, 1, true, true,
-     {tf32_5_aligned, 46, {0.007976460673673063, 0.0004951553445777353, 0.006211777969735595, 0.0, 0.0}, 1.3351182749726218},
-     {tf32_5_unaligned, 12, {0.01107462392246792, 0.0002484127036387153, 0.007059107162618718, 0.2821607750391595, 0.45282748827111297}, 1.0}
+    {64, 128, 32, 4, 1, true, true,
+     {tf32_5_aligned, 46, {0.0059139444205310145, 0.00015237743584428764, 0.009409960632019798, 0.07073248327684846, 0.0}, 1.1675326519983098},
+     {tf32_5_unaligned, 12, {0.023384450004730353, 0.00026828079941591186, 0.003035206663959412, 0.15202568908759878, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_6_aligned, 46, {0.003305551679452969, 0.0005345763249377027, 0.003445383748029547, 0.0, 0.0}, 1.4824918402572478},
+     {tf32_6_aligned, 46, {0.003305559306387182, 0.0005345759759543793, 0.003445385589819341, 0.0, 0.0}, 1.4824920236696089},
      {tf32_6_unaligned, 12, {0.010174820533217893, 0.00036029388069781375, 0.0, 0.3263810412167622, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_7_aligned, 46, {0.003658538423985575, 0.0005482484284450613, 0.006419469833698271, 0.019230695526479227, 0.0}, 1.1014344454161333},
+     {tf32_7_aligned, 46, {0.0036585380965586988, 0.0005482484732088969, 0.006419469948515641, 0.019230686656110378, 0.0}, 1.1014344586323124},
      {tf32_7_unaligned, 12, {0.0, 0.0, 0.01862059219226142, 0.3731727308611774, 0.0}, 1.0}
      , 2, 1
      , false, 0
     },
-    {64, 64, 32, 1, 1, true, true,
-     {tf32_8_aligned, 46, {0.00339758152742476, 0.0003357073238517985, 0.0005787689600664701, 0.0, 0.0}, 1.2798877923962735},
-     {tf32_8_unaligned, 12, {0.017238852666540863, 0.00033883804039905053, 0.0, 0.008434532394691132, 0.0}, 1.0}
+    {128, 128, 32, 2, 1, true, true,
+     {tf32_8_aligned, 46, {0.007976259333012752, 0.0004950955537899089, 0.0062138601082343085, 0.0, 0.0}, 1.3351568446352393},
+     {tf32_8_unaligned, 12, {0.01107462392246792, 0.0002484127036387153, 0.007059107162618718, 0.2821607750391595, 0.45282748827111297}, 1.0}
      , 1, 1
      , false, 0
     },
-    {64, 128, 32, 8, 1, true, true,
-     {tf32_9_aligned, 46, {0.009358057255535877, 0.00018804672580891016, 0.008599858342801612, 0.05207081636763291, 0.0}, 1.1848110138090442},
-     {tf32_9_unaligned, 12, {0.023886730474558013, 0.0003011258011968935, 0.003745831840873908, 0.1342669851719044, 0.0}, 1.0}
+    {64, 64, 32, 1, 1, true, true,
+     {tf32_9_aligned, 46, {0.0033977958838830855, 0.000335692591646786, 0.0005788478691240741, 0.0, 0.0}, 1.2798966643045793},
+     {tf32_9_unaligned, 12, {0.017238852666540863, 0.00033883804039905053, 0.0, 0.008434532394691132, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {tf32_10_aligned, 46, {0.00511049891149642, 0.0003931915460255322, 0.0017644578992893885, 0.0, 0.0}, 1.6722101177862827},
+     {tf32_10_aligned, 46, {0.0051105137305453695, 0.00039319076399881383, 0.0017644630761025205, 0.0, 0.0}, 1.672210744106061},
      {tf32_10_unaligned, 12, {0.0, 0.0004003222629168849, 0.010368266802721036, 0.22642186210875445, 0.0}, 1.0}
      , 1, 1
      , false, 0
@@ -19814,38 +19705,38 @@ static const Member members[21] = {
      , true, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_12_aligned, 46, {0.0035103079757469566, 0.0005142407175175676, 0.001051099178153533, 0.0022996101400496655, 0.0}, 1.0},
+     {tf32_12_aligned, 46, {0.0035103279404651157, 0.0005142384332976085, 0.0010510944514050364, 0.0023012812933036367, 0.0}, 1.0},
      {tf32_12_unaligned, 12, {0.01092629061899639, 0.00048342318646567794, 0.0, 0.0, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 3, 1, true, true,
-     {tf32_13_aligned, 46, {0.004949729616790815, 0.00045210897557162544, 0.0062898246447272025, 0.0, 0.0}, 1.1908999113241874},
+     {tf32_13_aligned, 46, {0.004938214379333704, 0.00045166404248352647, 0.0063073531920777165, 0.0, 0.0}, 1.1911380893841221},
      {tf32_13_unaligned, 12, {0.021552236349083632, 0.0004957940782603832, 0.0021272755184537154, 0.0908162944340113, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 64, 32, 4, 1, true, true,
-     {tf32_14_aligned, 46, {0.004074663427161314, 0.00039383829493176876, 0.00652361525111896, 0.0, 0.0}, 1.2569218198007912},
+     {tf32_14_aligned, 46, {0.004061098980707611, 0.0003934194596778866, 0.006539500070254873, 0.0, 0.0}, 1.2571201730895203},
      {tf32_14_unaligned, 12, {0.02306683605182975, 0.00027413442241717344, 0.0, 0.13979494948431498, 1.7526494939749728}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 240, 32, 1, 1, true, true,
-     {tf32_15_aligned, 46, {0.004643580660699723, 0.0005875824246424393, 0.004546726773597899, 0.006461396942088567, 0.0}, 1.4647679222236252},
+     {tf32_15_aligned, 46, {0.004643584380784451, 0.0005875822346086107, 0.004546726263790598, 0.006461433922857892, 0.0}, 1.4647679004982859},
      {tf32_15_unaligned, 12, {0.009688806609152209, 0.00031937004029749557, 0.0, 0.37931138816658216, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
-    {128, 192, 32, 1, 1, true, true,
-     {tf32_16_aligned, 46, {0.0033215334218750477, 0.0005322990337257907, 0.004487487134213217, 0.0, 0.0}, 1.418859654451633},
-     {tf32_16_unaligned, 12, {0.01031513800408817, 0.0003611706141132911, 0.0, 0.325765532845311, 0.0}, 1.0}
+    {64, 128, 32, 8, 1, true, true,
+     {tf32_16_aligned, 46, {0.009358057255535877, 0.00018804672580891016, 0.008599858342801612, 0.05207081636763291, 0.0}, 1.1848110138090442},
+     {tf32_16_unaligned, 12, {0.023886730474558013, 0.0003011258011968935, 0.003745831840873908, 0.1342669851719044, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
-    {64, 128, 32, 8, 1, true, true,
-     {tf32_17_aligned, 46, {0.01077940001219088, 0.00013697761731659648, 0.008160707637502665, 0.06572777240765984, 0.0}, 1.1981761765655992},
-     {tf32_17_unaligned, 12, {0.024425393524007435, 0.0002558844192965198, 0.0037640684882153763, 0.14744465146338442, 0.0}, 1.0}
+    {128, 192, 32, 1, 1, true, true,
+     {tf32_17_aligned, 46, {0.003321540643429893, 0.000532298763650226, 0.004487488573724749, 0.0, 0.0}, 1.4188597961632587},
+     {tf32_17_unaligned, 12, {0.01031513800408817, 0.0003611706141132911, 0.0, 0.325765532845311, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
@@ -19856,13 +19747,13 @@ static const Member members[21] = {
      , true, 1
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_19_aligned, 46, {0.003962766097336779, 0.0006646854361354047, 0.004949372603175162, 0.00839279249546578, 0.0}, 1.2867312835361764},
+     {tf32_19_aligned, 46, {0.003962767732288987, 0.0006646851872205603, 0.004949372281488484, 0.008392837578427705, 0.0}, 1.2867312156299953},
      {tf32_19_unaligned, 12, {0.010776351747952466, 0.00028400526268337916, 0.0, 0.40234018743250716, 0.0}, 1.0}
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 2, true, false,
-     {tf32_20_aligned, 46, {0.0054776504046527485, 0.0013977922812238497, 0.0030406805273619046, 0.22371473668868538, 0.0}, 1.561440697694466},
+     {tf32_20_aligned, 46, {0.005477650498491926, 0.0013977924679432535, 0.0030406808805853794, 0.2237146934826802, 0.0}, 1.5614407357523594},
      {tf32_20_unaligned, 12, {0.027592250076272605, 0.0023012449781467576, 0.0006517577069303113, 0.29303795911051017, 0.0}, 1.0}
      , 1, 1
      , false, 0
@@ -19953,8 +19844,9 @@ static int best(int M, int N, int K, bool use_aligned, bool split, int sm_count,
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
-        // an aligned call of N <= 16 (and below M): the decode members alone, where the library has one (selection.decode_call)
-        if (true && use_aligned && !m.decode && N <= 16 && M > N) continue;
+        // an aligned call of N <= 16 (and below M), or of M <= 8 (and below N): the decode members alone,
+        // where the library has one (selection.decode_call)
+        if (true && use_aligned && !m.decode && ((N <= 16 && M > N) || (M <= 8 && N > M))) continue;
         const double ms = predict(m, model, M, N, K, sm_count, batch, use_aligned && split);
         if (ms < best_ms) { found = i; best_ms = ms; }
     }

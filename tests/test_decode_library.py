@@ -236,17 +236,20 @@ def test_the_shipped_libraries_have_a_decode_member_and_decode_shapes():
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-def test_an_aligned_call_of_few_columns_goes_to_a_decode_member_and_others_to_the_models(precision):
-    """Both shipped libraries: an aligned call of N up to 16 below M, at widths never tuned, runs a
-    decode member; with unaligned rows, or M the small one, every member may take it (decode_call)."""
+def test_an_aligned_call_of_few_columns_or_rows_goes_to_a_decode_member_and_others_to_the_models(precision):
+    """Both shipped libraries: an aligned call of N up to 16 below M, or of M up to 8 below N, at widths
+    never tuned, runs a decode member; with unaligned rows, or 9 to 16 rows, every member may take it
+    (decode_call). The tf32 library sent 5x7000x3000 to a tile that ran 0.83x cuBLAS TF32."""
     from gemmgen.library.dispatch import shipped_manifest
     from gemmgen.library.selection import choose, decode_call
     manifest = shipped_manifest(precision)
     candidates, plans = manifest.candidates(), manifest.plans()
-    for M, N, K in ((11008, 4, 4096), (14336, 16, 4096), (11008, 16, 4096), (7000, 5, 3000)):
+    for M, N, K in ((11008, 4, 4096), (14336, 16, 4096), (11008, 16, 4096), (7000, 5, 3000),
+                    (5, 7000, 3000), (2, 11008, 4096), (7, 8192, 8192), (8, 14336, 4096)):
         assert decode_call(candidates, M, N, "aligned") and not decode_call(candidates, M, N, "unaligned")
         assert plans[choose(candidates, M, N, K, "aligned", 132, beta_used=False)].path == "decode", (M, N, K)
-    assert not decode_call(candidates, 4, 11008, "aligned") and not decode_call(candidates, 4096, 17, "aligned")
+    assert not decode_call(candidates, 9, 11008, "aligned") and not decode_call(candidates, 16, 4096, "aligned")
+    assert not decode_call(candidates, 4096, 17, "aligned")
     assert plans[choose(candidates, 4096, 64, 4096, "aligned", 132, beta_used=False)].path != "decode"
 
 

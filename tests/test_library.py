@@ -575,3 +575,26 @@ def test_a_candidate_much_faster_than_every_chosen_one_somewhere_is_timed_everyw
     m = Measurements({}, times, {})
     assert specialists(plans, [plans[0]], m, shapes) == [plans[3], plans[2]]
     assert specialists(plans, [plans[0], plans[3]], m, shapes) == [plans[2]]
+
+
+def test_a_specialist_is_judged_against_the_members_the_choice_may_take_there():
+    """At fp32's few rows only FFMA decode members may run (short_sum_call): an FFMA kernel 9% faster
+    than the kept FFMA member there is a specialist, though a kept 3xTF32 member is faster still;
+    counting that member, which the choice cannot take there, hid it (5x4096x4096 lost 10%)."""
+    from gemmgen.language.shapes import LibraryShape
+    from gemmgen.library.model import Measurements, member_shape, shape_key
+    from gemmgen.library.selection import ffma_decode, short_sum_rows
+    from gemmgen.library.tune import specialists
+    (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
+    decode = [p for p in library.candidates() if p.path == "decode" and p.beta]
+    ffma = [p for p in decode if ffma_decode(member_shape(p))][:2]
+    tensor = next(p for p in decode if not ffma_decode(member_shape(p)))
+    shape = LibraryShape(5, 4096, 4096)
+    k = shape_key(shape)
+    times = {(kernel_key(ffma[0]), k): 1.00, (kernel_key(ffma[1]), k): 0.91, (kernel_key(tensor), k): 0.88}
+    m = Measurements({}, times, {})
+    rows = short_sum_rows(library.precision)
+    assert rows >= 5
+    assert specialists(decode, [ffma[0], tensor], m, [shape], rows, library.layouts) == [ffma[1]]
+    # with no row rule every member may run there, and the 3xTF32 one hides it
+    assert specialists(decode, [ffma[0], tensor], m, [shape]) == []

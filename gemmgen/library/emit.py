@@ -19,7 +19,7 @@ from ..plan import Plan, make_plan
 from ..plan.space import describe, point_key
 from .manifest import Manifest
 from .padding import c_rows
-from .selection import (BANDWIDTH, DECODE_ROWS, DECODE_ROWS_PER_READ, DECODE_TENSOR_WORK_ROWS, PAD_COPY_MS,
+from .selection import (BANDWIDTH, DECODE_ONLY_ROWS, DECODE_ROWS, DECODE_ROWS_PER_READ, DECODE_TENSOR_WORK_ROWS, PAD_COPY_MS,
                         PAD_GAIN, PAD_GB_PER_MS, PAD_ROW_FLOATS, PRIOR, ffma_decode,
                         short_sum_rows)
 
@@ -63,8 +63,10 @@ def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> 
         short_sum_rows=short_sum_rows(manifest.precision) if any(ffma_decode(m.shape) for m in manifest.members) else 0,
         # a matrix-vector product: FFMA decode members only, where there is one (selection.vector_call)
         vector_rule="true" if any(ffma_decode(m.shape) for m in manifest.members) else "false",
-        # an aligned call of N <= DECODE_ROWS (below M): decode members only, where one has aligned models (decode_call)
+        # an aligned call of N <= DECODE_ROWS (below M) or of M <= DECODE_ONLY_ROWS (below N): decode members
+        # only, where one has aligned models (decode_call)
         decode_rule="true" if any(m.decode and m.models.get("aligned") for m in manifest.members) else "false",
+        decode_only_rows=DECODE_ONLY_ROWS,
         loo_median=manifest.leave_one_out.median, loo_worst=manifest.leave_one_out.worst,
         cc=f"{cc[0]}.{cc[1]}", cc_major=cc[0], cc_minor=cc[1], portable=portable,
         portable_name=members[portable].name, prior=repr(PRIOR), bandwidth=repr(BANDWIDTH),

@@ -15,7 +15,7 @@ from ..language.spec import LibrarySpec, Spec
 from ..plan import Plan
 from ..plan.space import point_key
 from ..tuning import database as tuning_db
-from .selection import MemberShape, alignment_class, ffma_decode, few_columns, tight_leading_dimensions
+from .selection import MemberShape, alignment_class, decode_shaped, ffma_decode, tight_leading_dimensions
 
 MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
@@ -165,9 +165,9 @@ def may_take(plan: Plan, shape: LibraryShape, ffma: bool, exact_rows: int, decod
 
 
 def decode_only_at(plans: list[Plan], shape: LibraryShape, layouts: dict[str, str]) -> bool:
-    """selection.decode_call at a tuned shape: a call of few columns (selection.few_columns) and a decode
-    candidate among `plans`."""
-    return few_columns(shape.M, shape.N, shape_class(shape, layouts)) and any(p.path == "decode" for p in plans)
+    """selection.decode_call at a tuned shape: a call of few columns or few rows (selection.decode_shaped)
+    and a decode candidate among `plans`."""
+    return decode_shaped(shape.M, shape.N, shape_class(shape, layouts)) and any(p.path == "decode" for p in plans)
 
 
 def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape], limit: int,

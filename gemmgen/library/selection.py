@@ -394,22 +394,34 @@ def short_sum_call(candidates: list[Candidate], M: int, N: int, exact_rows: int)
 
 
 def decode_call(candidates: list[Candidate], M: int, N: int, cls: str) -> bool:
-    """Whether a call goes only to the decode members: N at most DECODE_ROWS and below M (the decode
-    kernel's mirrored orientation, C^T = B^T A^T), rows 16-byte aligned (the aligned models' classes),
-    and the library has a decode member with aligned models. The tile members' models rest there on
-    the few tuned calls of N <= 16 (all of 4096 rows) and predicted rates past HBM's at wider ones: the
-    tf32 library sent 11008x4x4096 to a 128x128 tile predicted at 57 us (0.94 of an H100's peak) that
-    ran at 0.56 of it, where the decode members read 0.77 (0.78x cuBLAS TF32; 1.05x with this rule).
-    Where M is the small one the tile members were tuned at many such calls, and a split-K tile beat
-    every decode member by 19% at 10x9216x3072 (tf32): the models choose there. Unaligned rows are left
-    to every member (the decode kernel's scalar loads lost 16% to a tile at 13x5000x3001)."""
-    return few_columns(M, N, cls) and any(c.shape.decode and c.models.get("aligned") for c in candidates)
+    """Whether a call goes only to the decode members (decode_shaped): rows 16-byte aligned (the aligned
+    models' classes), the library has a decode member with aligned models, and
+    - N at most DECODE_ROWS and below M (the decode kernel's mirrored orientation, C^T = B^T A^T).
+      The tile members' models rest there on the few tuned calls of N <= 16 (all of 4096 rows) and
+      predicted rates past HBM's at wider ones: the tf32 library sent 11008x4x4096 to a 128x128 tile
+      predicted at 57 us (0.94 of an H100's peak) that ran at 0.56 of it, where the decode members
+      read 0.77 (0.78x cuBLAS TF32; 1.05x with this rule);
+    - or M at most DECODE_ONLY_ROWS and below N. Between that and 16 rows the models choose: a split-K
+      tile beat every decode member by 19% at 10x9216x3072 (tf32).
+    Unaligned rows are left to every member (the decode kernel's scalar loads lost 16% to a tile at
+    13x5000x3001)."""
+    return decode_shaped(M, N, cls) and any(c.shape.decode and c.models.get("aligned") for c in candidates)
 
 
-def few_columns(M: int, N: int, cls: str) -> bool:
+# An aligned call of at most this many rows (M, below N) goes to the decode members alone
+# (decode_call). The tf32 library's tile members' models misjudge calls this short: at the held-out
+# 5x7000x3000 they sent it to a 64x64 tile predicted at 39 us that ran 54 us (0.83x cuBLAS TF32), where
+# the decode members ran 46-47 us (0.97-0.99x; benchmarks/libraries/...-9eacd0e-tf32-candidates.log);
+# at every tuned aligned call of 3 to 12 rows the best decode member was 1.5-13% faster than the best
+# tile. (At 16 rows a tile can win: 16x8192x4096 by 4%; at 10x9216x3072 a split-K tile by 19%.)
+DECODE_ONLY_ROWS = 8
+
+
+def decode_shaped(M: int, N: int, cls: str) -> bool:
     """The calls decode_call leaves to the decode members where a library has one: rows 16-byte aligned
-    (the aligned models' classes), N at most DECODE_ROWS and below M."""
-    return model_class(cls) == "aligned" and N <= DECODE_ROWS and M > N
+    (the aligned models' classes), and N at most DECODE_ROWS and below M, or M at most
+    DECODE_ONLY_ROWS and below N."""
+    return model_class(cls) == "aligned" and (N <= DECODE_ROWS and M > N or M <= DECODE_ONLY_ROWS and N > M)
 
 
 def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,

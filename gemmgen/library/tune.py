@@ -29,8 +29,8 @@ from ..tuning.runner import Runner
 from ..tuning.tune import tune as tune_space
 from ..tuning.workers import open_runner
 from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, measured_at, member_shape,
-                    read_db, select_members, shape_class, shape_key, slots_per_sm)
-from .selection import CLASSES, SPLIT, Model, fit_all, model_class, predict, serves, short_sum_rows
+                    decode_only_at, may_take, read_db, select_members, shape_class, shape_key, slots_per_sm)
+from .selection import CLASSES, SPLIT, Model, ffma_decode, fit_all, model_class, predict, serves, short_sum_rows
 
 BUDGET_S = 0.05   # seconds of timed launches per timing (a library times hundreds)
 WARMUP_S = 0.03   # seconds of warm-up before each
@@ -229,12 +229,14 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
     m = _only(measured(), phase1 + phase2)
     valid = [p for p in valid if m.valid(kernel_key(p))]  # less any that crashed while timed
     stage("choosing members")
-    chosen = select_members(valid, m, shapes, MAX_MEMBERS, short_sum_rows(library.precision), library.layouts)
+    exact_rows = short_sum_rows(library.precision)
+    chosen = select_members(valid, m, shapes, MAX_MEMBERS, exact_rows, library.layouts)
     # Specialists by phases 1 and 2, and by all the database holds of this GPU: a candidate an
     # earlier run timed at most shapes (before the shapes grew, say) can win where the chosen are
     # weak, and the build keeps only candidates timed at every shape.
-    extra = specialists(valid, chosen, m, shapes)
-    extra += [p for p in specialists(valid, chosen, measured(), shapes) if p not in extra]
+    extra = specialists(valid, chosen, m, shapes, exact_rows, library.layouts)
+    extra += [p for p in specialists(valid, chosen, measured(), shapes, exact_rows, library.layouts)
+              if p not in extra]
     run([jobs.time(p, s) for s in shapes for p in chosen + extra],
         f"timing {len(chosen)} members and {len(extra)} specialists at all {len(shapes)} shapes")
     m = measured()
@@ -247,20 +249,29 @@ SPECIALIST_MARGIN = 1.05   # a candidate this much faster than every chosen one 
 MAX_SPECIALISTS = 6        # ... is timed at every shape too (the fastest few such)
 
 
-def specialists(valid: list[Plan], chosen: list[Plan], m: Measurements, shapes: list[LibraryShape]) -> list[Plan]:
+def specialists(valid: list[Plan], chosen: list[Plan], m: Measurements, shapes: list[LibraryShape],
+                exact_rows: int = 0, layouts: dict[str, str] | None = None) -> list[Plan]:
     """Candidates that beat every chosen one by SPECIALIST_MARGIN at some shape where both were
     timed: a kernel that wins only where the rest are weak (ping-pong at short K), which the greedy
     choice over partly timed data can pass over. Timed at every shape, they are then open to the
-    build's choice among fully timed candidates. Largest gain first; decided from `m` alone."""
+    build's choice among fully timed candidates. Largest gain first; decided from `m` alone.
+    As in select_members, a shape counts only the candidates the choice may take there (may_take:
+    `exact_rows`, and with `layouts` decode_only_at): at fp32's few rows, where only FFMA decode
+    members may run, an FFMA kernel 9% faster than the kept FFMA ones is a specialist even where a
+    3xTF32 member, which may not run there, is faster still."""
+    ffma = any(ffma_decode(member_shape(p)) for p in valid)
     gains: dict[str, tuple[float, Plan]] = {}
     for shape in shapes:
         k = shape_key(shape)
-        kept = [m.times[(kernel_key(p), k)] for p in chosen if (kernel_key(p), k) in m.times]
+        only = layouts is not None and decode_only_at(valid, shape, layouts)
+        kept = [m.times[(kernel_key(p), k)] for p in chosen
+                if (kernel_key(p), k) in m.times and may_take(p, shape, ffma, exact_rows, only)]
         if not kept:
             continue
         for plan in valid:
             key = kernel_key(plan)
-            if plan in chosen or (key, k) not in m.times or not plan.beta:
+            if plan in chosen or (key, k) not in m.times or not plan.beta \
+                    or not may_take(plan, shape, ffma, exact_rows, only):
                 continue
             gain = min(kept) / m.times[(key, k)]
             if gain >= SPECIALIST_MARGIN and gain > gains.get(key, (0.0, plan))[0]:
