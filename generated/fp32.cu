@@ -12,24 +12,24 @@
 // Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 58 shapes; 96 candidate kernels
 // timed, 20 kept:
 //   fp32_0   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k  (sm_90a, from lib_3xtf32_streamk)
-//   fp32_1   decode=4x4x1  (sm_90, from lib_fp32_decode)
+//   fp32_1   decode=2x8x1  (sm_90, from lib_fp32_decode)
 //   fp32_2   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
-//   fp32_3   decode=2x16x1 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
-//   fp32_4   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_3   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_4   decode=4x16x2 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
 //   fp32_5   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_3xtf32_split)
 //   fp32_6   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_7   decode=1x4x1  (sm_90, from lib_fp32_decode)
-//   fp32_8   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=32  (sm_90a, from lib_3xtf32_split)
+//   fp32_7   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=32  (sm_90a, from lib_3xtf32_split)
+//   fp32_8   decode=4x4x1  (sm_90, from lib_fp32_decode)
 //   fp32_9   block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
 //   fp32_10  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_3xtf32_split)
 //   fp32_11  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_3xtf32_persistent)
-//   fp32_12  decode=4x8x2 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
+//   fp32_12  decode=1x4x1  (sm_90, from lib_fp32_decode)
 //   fp32_13  block=64x64x32 math=3xtf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_3xtf32_async)
-//   fp32_14  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_15  block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_16  block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_17  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_3xtf32_split)
-//   fp32_18  decode=2x4x1  (sm_90, from lib_fp32_decode)
+//   fp32_14  decode=4x8x2 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
+//   fp32_15  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_16  block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_17  block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_18  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_3xtf32_split)
 //   fp32_19  block=128x64x32 warp=32x32 math=3xtf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_3xtf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
@@ -1302,7 +1302,7 @@ static inline int gemmgen_fp32_0(int M, int N, int K, float alpha, const float* 
 //   kernel fp32_1 {
 //     target   sm_90
 //     layout   A row, B col, C row
-//     decode   columns 4 warps 4 slices 1
+//     decode   columns 2 warps 8 slices 1
 //     epilogue alpha beta
 //   }
 //
@@ -1313,12 +1313,12 @@ static inline int gemmgen_fp32_0(int M, int N, int K, float alpha, const float* 
 //   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
 //   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
 //   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   columns per warp         4, 2 step(s) of 4 vector loads in flight per lane (8 float4s)
+//   columns per warp         2, 4 step(s) of 2 vector loads in flight per lane (8 float4s)
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows); unaligned, K tile = 7680 / rows, with the 4 floats before it (which a column read from the 16-byte boundary before it reaches back to) and a float of padding per 32 (no bank conflicts)
-//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 8 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
-//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 16 columns
+//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   threads per block        256 (8 warps: 8 column group(s) of 1 warp(s), each a slice of K) = 16 columns
 //   K slices' sums           none (one warp per column group)
-//   registers (estimate)     100 live floats per lane at 16 rows, 44 at 1
+//   registers (estimate)     68 live floats per lane at 16 rows, 40 at 1
 //   shared memory per block  0 dynamic + 32772 static bytes
 //   schedule                 a block per 16 columns of the big operand, of every batch
 //   epilogue                 alpha * A*B + beta * C
@@ -1337,12 +1337,12 @@ namespace gemmgen_fp32_1_impl {
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
 // memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
 // K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 4;  // columns per warp
-constexpr int WARPS = 4;
+constexpr int COLUMNS = 2;  // columns per warp
+constexpr int WARPS = 8;
 constexpr int SLICES = 1;  // warps per column group, each a slice of K
 constexpr int GROUPS = WARPS / SLICES;  // column groups per block
 constexpr int BLOCK_COLS = 16;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 128;
+constexpr int THREADS = 256;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
 // Unaligned, K tile = UNALIGNED_TILE_FLOATS / rows, each row's tile with TILE_HALO floats before it and
@@ -1350,14 +1350,14 @@ constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K ti
 constexpr int UNALIGNED_TILE_FLOATS = 7680;
 constexpr int TILE_HALO = 4;
 constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 2;  // steps per lane whose loads are issued together
+constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
 // step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
 constexpr int PRODUCTS = 0;
 constexpr int TILES = 1;
-constexpr int TILE_SLICES = 4;
+constexpr int TILE_SLICES = 8;
 constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
@@ -3049,9 +3049,1176 @@ static inline int gemmgen_fp32_2(int M, int N, int K, float alpha, const float* 
 //
 // spec:
 //   kernel fp32_3 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 64 x 32
+//     math     3xtf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    2 workspace
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 99432 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (32 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_fp32_3_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_3(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (fp32_3_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_3_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_3_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
+// same place in `small`.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        uint4 big_run, small_run;
+        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
+        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
+        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
+        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
+        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_3_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
+    // three products start from zero in tile_product, which is added into acc rounding to
+    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
+    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
+    float tile_product[TM][RN * TN];
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_3_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_3_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_3_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_3_fallback_kernel<true> : gemmgen_fp32_3_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_3_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_3_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_3_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_fp32_3_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
+constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
+constexpr int SMEM_BYTES = 99432;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
+    }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
+    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
+        else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                barrier_wait(&full[s], (t / STAGES) & 1);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+                barrier_arrive(&ready[s]);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
+    float tile_product[TM][RN * TN];
+    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
+    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
+    // alternate between two sets of registers (the MMAs read theirs until they complete).
+    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
+    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_stage = sA + s * A_STAGE_FLOATS;
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)
+        #pragma unroll
+            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
+                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
+            }
+    };
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        const float* b_small = sB_small + s * B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
+        wgmma_commit();
+    };
+    auto add_product = [&](int t) {  // once the tile's MMAs have completed
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    };
+    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
+        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+        wgmma_wait<0>();
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+            wgmma_wait<0>();
+            add_product(t + 1);
+        }
+    }
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_3_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_fp32_3_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_fp32_3_impl
+
+static inline int gemmgen_fp32_3_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_3_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_fp32_3_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_3_kernel<true> : gemmgen_fp32_3_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_3(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_3_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 4: fp32_4 ===========================================
+// gemmgen_fp32_4: generated by gemmgen 0.1.0 from <library fp32: fp32_4> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_4 {
 //     target   sm_90
 //     layout   A row, B col, C row
-//     decode   columns 2 warps 16 slices 1
+//     decode   columns 4 warps 16 slices 2
 //     math     3xtf32
 //     epilogue alpha beta
 //   }
@@ -3063,7 +4230,7 @@ static inline int gemmgen_fp32_2(int M, int N, int K, float alpha, const float* 
 //   math                     3xtf32: every pass on the tensor cores, mma.sync m16n8k8 3xTF32 (A and B split into big + small TF32 parts, rounded to nearest; big x big + big x small + small x big: FP32-accurate)
 //   orientation              M <= N: rows of A read through L1, columns of B streamed; M > N: C^T = B^T A^T, columns of B read through L1, rows of A streamed
 //   rows per pass            8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   threads per block        512 (16 warps: 16 column group(s) of 1 warp(s), each a slice of K) = 32 columns
+//   threads per block        512 (16 warps: 8 column group(s) of 2 warp(s), each a slice of K) = 32 columns
 //   tensor path              2 tile(s) of 16 columns per block (the MMA's M), 8 warp(s) per tile, each a slice of K; the rows the MMA's N, 8 at a time; per lane 8 float4s of its two columns in flight (two batches of a chunk of two consecutive float4s of each: a column's 4 lanes read 128 bytes in a row), each float4 two k steps of 3 mma.sync per 8 rows; the small operand's rows read through L1
 //   K slices' sums           3584 shared floats, added in slice order (deterministic)
 //   registers (estimate)     92 live floats per lane at 16 rows, 92 at 1
@@ -3073,21 +4240,21 @@ static inline int gemmgen_fp32_2(int M, int N, int K, float alpha, const float* 
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_3(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_4(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_3_impl {
+namespace gemmgen_fp32_4_impl {
 
 // ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
 // memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
 // K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 2;  // columns per warp
+constexpr int COLUMNS = 4;  // columns per warp
 constexpr int WARPS = 16;
-constexpr int SLICES = 1;  // warps per column group, each a slice of K
+constexpr int SLICES = 2;  // warps per column group, each a slice of K
 constexpr int GROUPS = WARPS / SLICES;  // column groups per block
 constexpr int BLOCK_COLS = 32;  // columns per block = COLUMNS * GROUPS
 constexpr int THREADS = 512;
@@ -3098,7 +4265,7 @@ constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K ti
 constexpr int UNALIGNED_TILE_FLOATS = 7680;
 constexpr int TILE_HALO = 4;
 constexpr int PART_FLOATS = 3584;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
+constexpr int UNROLL = 2;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
@@ -3607,7 +4774,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_3_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_4_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -3653,7 +4820,7 @@ gemmgen_fp32_3_kernel(int M, int N, int K, float alpha, const float* __restrict_
     }
 }
 
-}  // namespace gemmgen_fp32_3_impl
+}  // namespace gemmgen_fp32_4_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -3663,11 +4830,11 @@ gemmgen_fp32_3_kernel(int M, int N, int K, float alpha, const float* __restrict_
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_3_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_4_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_3_impl;
+    using namespace gemmgen_fp32_4_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -3690,1179 +4857,12 @@ static inline int gemmgen_fp32_3_batched(int M, int N, int K, float alpha, const
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_3_kernel<true> : gemmgen_fp32_3_kernel<false>;
+        aligned ? gemmgen_fp32_4_kernel<true> : gemmgen_fp32_4_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_3(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_3_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 4: fp32_4 ===========================================
-// gemmgen_fp32_4: generated by gemmgen 0.1.0 from <library fp32: fp32_4> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_4 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 64 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    2 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 99432 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (32 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_4_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_4(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (fp32_4_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_4_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_4_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_4_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_4_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_4_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_4_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_4_fallback_kernel<true> : gemmgen_fp32_4_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_4_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_4_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_4_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_fp32_4_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
-constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
-constexpr long long ROUND_B_MAX_MN = 2097152;
-constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 99432;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
-// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
-// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
-// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
-// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
-// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
-// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
-// tile's again, for the next launch on the same workspace.
-constexpr int CONSUMER_THREADS = CONSUMERS * 128;
-constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
-constexpr int SLOT_FLOATS = BM * BN;
-constexpr int COUNTER_FLOATS = 32;
-constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
-constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
-static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
-
-// The block's consumer warpgroups only (its producer warpgroup has returned).
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
-}
-
-// Writes this thread's share of the slice's product to its slot and counts the block in; true in
-// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
-__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
-                                           int* last) {
-    float* region = workspace + blockIdx.x * REGION_FLOATS;
-    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2)
-            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
-    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
-    consumers_sync();
-    if (consumer_thread == 0) {
-        int* counter = reinterpret_cast<int*>(region);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
-        *last = arrived == SPLIT_K;
-    }
-    consumers_sync();
-    if (!*last) return false;
-    __threadfence();  // the other slices' sums, seen after their counts
-    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2) {
-            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-            acc[i][j] = first.x;
-            acc[i][j + 1] = first.y;
-        }
-    for (int y = 1; y < SPLIT_K; ++y) {
-        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
-#pragma unroll
-        for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; j += 2) {
-                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-                acc[i][j] += sums.x;
-                acc[i][j + 1] += sums.y;
-            }
-    }
-    return true;
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        float* __restrict__ workspace,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
-    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
-        // part to nearest in place first), at their own pace behind the copies.
-        else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-                barrier_arrive(&ready[s]);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
-    float tile_product[TM][RN * TN];
-    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
-    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
-    // alternate between two sets of registers (the MMAs read theirs until they complete).
-    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_stage = sA + s * A_STAGE_FLOATS;
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)
-        #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
-            }
-    };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        const float* b_small = sB_small + s * B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
-        wgmma_commit();
-    };
-    auto add_product = [&](int t) {  // once the tile's MMAs have completed
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    };
-    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
-        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
-        }
-    }
-    // Split K through the workspace: this slice's product to its slot; the block that counts in last
-    // holds the tile's sum in acc and stores it below, the others are done.
-    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_4_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-#include <mutex>
-
-namespace gemmgen_fp32_4_impl {
-// Split K's workspace (see split K above): one per device and stream, since kernels on one
-// stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
-// allocates, so it cannot be the first call inside a CUDA graph capture.
-static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
-    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
-    static std::mutex lock;
-    static Entry entries[16];
-    static unsigned long long calls = 0;
-    std::lock_guard<std::mutex> guard(lock);
-    Entry* entry = nullptr;
-    for (Entry& e : entries)
-        if (e.memory && e.stream == stream && e.device == device) entry = &e;
-    if (!entry) {  // a free entry, or the one used longest ago
-        entry = &entries[0];
-        for (Entry& e : entries)
-            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
-    }
-    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
-        if (entry->memory) {
-            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
-            entry->memory = nullptr;
-            if (freed != cudaSuccess) return freed;
-        }
-        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
-        cudaError_t error = cudaMalloc(&entry->memory, size);
-        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
-        error = cudaMemsetAsync(entry->memory, 0, size, stream);
-        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
-        *entry = Entry{stream, device, size, entry->memory, 0};
-    }
-    entry->used = ++calls;
-    *workspace = static_cast<float*>(entry->memory);
-    return cudaSuccess;
-}
-}  // namespace gemmgen_fp32_4_impl
-
-static inline int gemmgen_fp32_4_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_4_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_fp32_4_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_4_kernel<true> : gemmgen_fp32_4_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -7103,9 +7103,1067 @@ static inline int gemmgen_fp32_6(int M, int N, int K, float alpha, const float* 
 //
 // spec:
 //   kernel fp32_7 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 128 x 32
+//     math     3xtf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    32
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    32 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_fp32_7_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_7(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (fp32_7_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_7_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_7_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
+// same place in `small`.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        uint4 big_run, small_run;
+        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
+        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
+        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
+        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
+        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_7_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
+    // three products start from zero in tile_product, which is added into acc rounding to
+    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
+    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
+    float tile_product[TM][RN * TN];
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_7_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_7_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_7_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_7_fallback_kernel<true> : gemmgen_fp32_7_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_7_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_7_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_7_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_fp32_7_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
+constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
+constexpr int SMEM_BYTES = 197728;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_7_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
+    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
+        else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                barrier_wait(&full[s], (t / STAGES) & 1);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+                barrier_arrive(&ready[s]);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
+    float tile_product[TM][RN * TN];
+    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
+    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
+    // alternate between two sets of registers (the MMAs read theirs until they complete).
+    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
+    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_stage = sA + s * A_STAGE_FLOATS;
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)
+        #pragma unroll
+            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
+                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
+            }
+    };
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        const float* b_small = sB_small + s * B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
+        wgmma_commit();
+    };
+    auto add_product = [&](int t) {  // once the tile's MMAs have completed
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    };
+    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
+        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+        wgmma_wait<0>();
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+            wgmma_wait<0>();
+            add_product(t + 1);
+        }
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_7_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_7_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_7_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_fp32_7_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_7_kernel<true> : gemmgen_fp32_7_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_7_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_7(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_7_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 8: fp32_8 ===========================================
+// gemmgen_fp32_8: generated by gemmgen 0.1.0 from <library fp32: fp32_8> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_8 {
 //     target   sm_90
 //     layout   A row, B col, C row
-//     decode   columns 1 warps 4 slices 1
+//     decode   columns 4 warps 4 slices 1
 //     epilogue alpha beta
 //   }
 //
@@ -7116,35 +8174,35 @@ static inline int gemmgen_fp32_6(int M, int N, int K, float alpha, const float* 
 //   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
 //   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
 //   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
+//   columns per warp         4, 2 step(s) of 4 vector loads in flight per lane (8 float4s)
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows); unaligned, K tile = 7680 / rows, with the 4 floats before it (which a column read from the 16-byte boundary before it reaches back to) and a float of padding per 32 (no bank conflicts)
-//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
-//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 4 columns
+//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 8 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 16 columns
 //   K slices' sums           none (one warp per column group)
-//   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
+//   registers (estimate)     100 live floats per lane at 16 rows, 44 at 1
 //   shared memory per block  0 dynamic + 32772 static bytes
-//   schedule                 a block per 4 columns of the big operand, of every batch
+//   schedule                 a block per 16 columns of the big operand, of every batch
 //   epilogue                 alpha * A*B + beta * C
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_7(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_8(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_7_impl {
+namespace gemmgen_fp32_8_impl {
 
 // ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
 // memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
 // K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 1;  // columns per warp
+constexpr int COLUMNS = 4;  // columns per warp
 constexpr int WARPS = 4;
 constexpr int SLICES = 1;  // warps per column group, each a slice of K
 constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
+constexpr int BLOCK_COLS = 16;  // columns per block = COLUMNS * GROUPS
 constexpr int THREADS = 128;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
@@ -7153,7 +8211,7 @@ constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K ti
 constexpr int UNALIGNED_TILE_FLOATS = 7680;
 constexpr int TILE_HALO = 4;
 constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
+constexpr int UNROLL = 2;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
@@ -7662,7 +8720,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_fp32_7_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_8_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -7708,7 +8766,7 @@ gemmgen_fp32_7_kernel(int M, int N, int K, float alpha, const float* __restrict_
     }
 }
 
-}  // namespace gemmgen_fp32_7_impl
+}  // namespace gemmgen_fp32_8_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -7718,11 +8776,11 @@ gemmgen_fp32_7_kernel(int M, int N, int K, float alpha, const float* __restrict_
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_7_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_8_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_7_impl;
+    using namespace gemmgen_fp32_8_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -7745,1070 +8803,12 @@ static inline int gemmgen_fp32_7_batched(int M, int N, int K, float alpha, const
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_7_kernel<true> : gemmgen_fp32_7_kernel<false>;
+        aligned ? gemmgen_fp32_8_kernel<true> : gemmgen_fp32_8_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_7(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_7_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 8: fp32_8 ===========================================
-// gemmgen_fp32_8: generated by gemmgen 0.1.0 from <library fp32: fp32_8> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_8 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 128 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    32
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    32 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_8_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_8(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (fp32_8_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_8_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_8_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_8_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_8_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_8_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_8_fallback_kernel<true> : gemmgen_fp32_8_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_8_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_8_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_fp32_8_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
-constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
-constexpr long long ROUND_B_MAX_MN = 2097152;
-constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 197728;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_8_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
-    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
-        // part to nearest in place first), at their own pace behind the copies.
-        else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-                barrier_arrive(&ready[s]);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
-    float tile_product[TM][RN * TN];
-    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
-    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
-    // alternate between two sets of registers (the MMAs read theirs until they complete).
-    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_stage = sA + s * A_STAGE_FLOATS;
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)
-        #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
-            }
-    };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        const float* b_small = sB_small + s * B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
-        wgmma_commit();
-    };
-    auto add_product = [&](int t) {  // once the tile's MMAs have completed
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    };
-    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
-        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
-        }
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_8_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_8_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_8_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_fp32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_8_kernel<true> : gemmgen_fp32_8_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_8_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -12149,8 +12149,7 @@ static inline int gemmgen_fp32_11(int M, int N, int K, float alpha, const float*
 //   kernel fp32_12 {
 //     target   sm_90
 //     layout   A row, B col, C row
-//     decode   columns 4 warps 8 slices 2
-//     math     3xtf32
+//     decode   columns 1 warps 4 slices 1
 //     epilogue alpha beta
 //   }
 //
@@ -12158,15 +12157,17 @@ static inline int gemmgen_fp32_11(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                   sm_90
-//   math                     3xtf32: every pass on the tensor cores, mma.sync m16n8k8 3xTF32 (A and B split into big + small TF32 parts, rounded to nearest; big x big + big x small + small x big: FP32-accurate)
-//   orientation              M <= N: rows of A read through L1, columns of B streamed; M > N: C^T = B^T A^T, columns of B read through L1, rows of A streamed
-//   rows per pass            8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   threads per block        256 (8 warps: 4 column group(s) of 2 warp(s), each a slice of K) = 16 columns
-//   tensor path              1 tile(s) of 16 columns per block (the MMA's M), 8 warp(s) per tile, each a slice of K; the rows the MMA's N, 8 at a time; per lane 8 float4s of its two columns in flight (two batches of a chunk of two consecutive float4s of each: a column's 4 lanes read 128 bytes in a row), each float4 two k steps of 3 mma.sync per 8 rows; the small operand's rows read through L1
-//   K slices' sums           1792 shared floats, added in slice order (deterministic)
-//   registers (estimate)     92 live floats per lane at 16 rows, 92 at 1
-//   shared memory per block  0 dynamic + 7172 static bytes
-//   schedule                 a block per 16 columns of the big operand, of every batch
+//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
+//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
+//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
+//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
+//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows); unaligned, K tile = 7680 / rows, with the 4 floats before it (which a column read from the 16-byte boundary before it reaches back to) and a float of padding per 32 (no bank conflicts)
+//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 4 columns
+//   K slices' sums           none (one warp per column group)
+//   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
+//   shared memory per block  0 dynamic + 32772 static bytes
+//   schedule                 a block per 4 columns of the big operand, of every batch
 //   epilogue                 alpha * A*B + beta * C
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
@@ -12183,27 +12184,27 @@ namespace gemmgen_fp32_12_impl {
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
 // memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
 // K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 4;  // columns per warp
-constexpr int WARPS = 8;
-constexpr int SLICES = 2;  // warps per column group, each a slice of K
+constexpr int COLUMNS = 1;  // columns per warp
+constexpr int WARPS = 4;
+constexpr int SLICES = 1;  // warps per column group, each a slice of K
 constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 16;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 256;
+constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 128;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
 // Unaligned, K tile = UNALIGNED_TILE_FLOATS / rows, each row's tile with TILE_HALO floats before it and
 // a float of padding per 32 (padded()): still within TILE_FLOATS.
 constexpr int UNALIGNED_TILE_FLOATS = 7680;
 constexpr int TILE_HALO = 4;
-constexpr int PART_FLOATS = 1792;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 2;  // steps per lane whose loads are issued together
+constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
 // step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
-constexpr int PRODUCTS = 3;
+constexpr int PRODUCTS = 0;
 constexpr int TILES = 1;
-constexpr int TILE_SLICES = 8;
+constexpr int TILE_SLICES = 4;
 constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
@@ -12704,7 +12705,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
 }
 
 template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 2)
+__global__ void __launch_bounds__(THREADS)
 gemmgen_fp32_12_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
@@ -13334,6 +13335,668 @@ static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel fp32_14 {
+//     target   sm_90
+//     layout   A row, B col, C row
+//     decode   columns 4 warps 8 slices 2
+//     math     3xtf32
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                   sm_90
+//   math                     3xtf32: every pass on the tensor cores, mma.sync m16n8k8 3xTF32 (A and B split into big + small TF32 parts, rounded to nearest; big x big + big x small + small x big: FP32-accurate)
+//   orientation              M <= N: rows of A read through L1, columns of B streamed; M > N: C^T = B^T A^T, columns of B read through L1, rows of A streamed
+//   rows per pass            8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
+//   threads per block        256 (8 warps: 4 column group(s) of 2 warp(s), each a slice of K) = 16 columns
+//   tensor path              1 tile(s) of 16 columns per block (the MMA's M), 8 warp(s) per tile, each a slice of K; the rows the MMA's N, 8 at a time; per lane 8 float4s of its two columns in flight (two batches of a chunk of two consecutive float4s of each: a column's 4 lanes read 128 bytes in a row), each float4 two k steps of 3 mma.sync per 8 rows; the small operand's rows read through L1
+//   K slices' sums           1792 shared floats, added in slice order (deterministic)
+//   registers (estimate)     92 live floats per lane at 16 rows, 92 at 1
+//   shared memory per block  0 dynamic + 7172 static bytes
+//   schedule                 a block per 16 columns of the big operand, of every batch
+//   epilogue                 alpha * A*B + beta * C
+//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_14_impl {
+
+// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
+// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
+// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
+// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
+constexpr int COLUMNS = 4;  // columns per warp
+constexpr int WARPS = 8;
+constexpr int SLICES = 2;  // warps per column group, each a slice of K
+constexpr int GROUPS = WARPS / SLICES;  // column groups per block
+constexpr int BLOCK_COLS = 16;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 256;
+constexpr int MAX_ROWS = 16;  // rows per pass
+constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+// Unaligned, K tile = UNALIGNED_TILE_FLOATS / rows, each row's tile with TILE_HALO floats before it and
+// a float of padding per 32 (padded()): still within TILE_FLOATS.
+constexpr int UNALIGNED_TILE_FLOATS = 7680;
+constexpr int TILE_HALO = 4;
+constexpr int PART_FLOATS = 1792;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int UNROLL = 2;  // steps per lane whose loads are issued together
+constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
+constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 3;
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 8;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
+
+// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+
+// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? BYTES : 0;
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+}
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+}
+static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+
+// 4 consecutive floats from 16-byte aligned memory into registers, or zeros.
+__device__ __forceinline__ void load_vec(float (&regs)[4], const float* src) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+}
+
+__device__ __forceinline__ void fill_zero(float (&regs)[4]) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) regs[v] = 0.0f;
+}
+
+// Where an unaligned row's float i of its tile lies: a float of padding after every 32, so that the
+// lanes' reads, 4 floats apart, fall in 32 banks (unpadded, 4 lanes shared each bank).
+__device__ __forceinline__ int padded(int i) {
+    return i + (i >> 5);
+}
+
+// 4 consecutive floats from float `at` of a row's tile in shared memory: one 16-byte load where the
+// call is aligned, else four (a column's shift puts them anywhere), padded.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_row(float (&regs)[4], const float* row, int at) {
+    if constexpr (ALIGNED) {
+        load_vec(regs, row + at);
+    } else {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) regs[v] = row[padded(at + v)];
+    }
+}
+
+// One step of a lane: U x COLUMNS float4s of the big operand, STEP apart from q0, all issued before
+// any is used; zeros for columns past the edge, and past the tile's `vectors` (aligned) or outside the
+// float4s [lo, hi) wholly inside each column (unaligned; lo and hi per shift).
+template <int U, bool ALIGNED, int SHIFTS>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][4], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], const int (&lo)[SHIFTS], const int (&hi)[SHIFTS], int k0, int q0,
+        int vectors) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            const int q = q0 + u * STEP;
+            const int n = SHIFTS == 1 ? 0 : c;
+            const bool in = (ALIGNED ? q < vectors : q >= lo[n] && q < hi[n]) && live[c];
+            if (in) load_vec(b[u][c], column[c] + k0 + q * 4);
+            else fill_zero(b[u][c]);
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). The big operand is read in float4s from
+// 16-byte aligned addresses either way. Aligned (every row starts 16-byte aligned), a column's float4 q
+// holds its k = 4q .. 4q + 3. Unaligned, a column whose start lies `shift` floats past a 16-byte
+// boundary is read from that boundary: its float4 q holds k = 4q - shift .. 4q - shift + 3, and is
+// multiplied by the rows read `shift` floats back in the shared tile (which holds the 4 floats before
+// it too). Its up to 3 floats before the first whole float4 and after the last are multiplied after
+// the K loop, one by each of 6 lanes. C is read only where beta != 0.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = 4;  // floats per load of the big operand
+    // steps issued together (unaligned at 16 rows half as many: ptxas spilled the 2-column point there)
+    constexpr int U = ALIGNED || R < 16 || UNROLL == 1 ? UNROLL : UNROLL / 2;
+    constexpr int KT = (ALIGNED ? TILE_FLOATS : UNALIGNED_TILE_FLOATS) / R;  // K per shared tile (a multiple of 4)
+    constexpr int HALO = ALIGNED ? 0 : TILE_HALO;  // unaligned: the floats before the tile's first k too
+    constexpr int KS = KT + HALO;  // floats of a row's tile
+    constexpr int ROW = ALIGNED ? KT : KS + KS / 32;  // shared floats per row (unaligned: padded)
+    static_assert(R * ROW <= TILE_FLOATS, "the rows' tiles fit the shared array");
+    // Unaligned, a warp's columns are every GROUPS-th of the block's from its group's: where GROUPS is a
+    // multiple of 4 they share their shift (whatever the leading dimension), and a row's float4 is read
+    // once for all of them; else once per column.
+    constexpr bool ONE_SHIFT = ALIGNED || COLUMNS == 1 || GROUPS % 4 == 0;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp % GROUPS, slice = warp / GROUPS;
+
+    constexpr int SHIFTS = ONE_SHIFT ? 1 : COLUMNS;  // column c's shift is shift[ONE_SHIFT ? 0 : c]
+    int j[COLUMNS], shift[SHIFTS], first[SHIFTS], end[SHIFTS];  // first, end: the float4s wholly inside K
+    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
+    bool live[COLUMNS];
+#pragma unroll
+    for (int c = 0; c < COLUMNS; ++c) {
+        j[c] = ALIGNED ? col0 + group * COLUMNS + c : col0 + group + GROUPS * c;
+        live[c] = j[c] < cols;
+        const float* start = G + (live[c] ? (long long)j[c] * ldg : 0);
+        const int n = ONE_SHIFT ? 0 : c;
+        if (c == n) {
+            shift[n] = ALIGNED ? 0 : (int)(reinterpret_cast<unsigned long long>(start) / 4 % 4);
+            first[n] = shift[n] > 0;
+            end[n] = (K + shift[n]) / V;
+        }
+        column[c] = start - shift[n];
+    }
+    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
+    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
+    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
+    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
+    // accumulators (blocked there too, ptxas spilled the 4-column points).
+    constexpr bool BLOCKED = R <= 8;
+    constexpr int SPAN = U < 16 / V ? U : 16 / V;
+    float acc[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        // float4s of this tile: aligned, K is a multiple of 4; unaligned, those starting before K
+        const int vectors = (ALIGNED ? min(KT, K - k0) : min(KT, K - k0 + V - 1)) / V;
+        __syncthreads();  // every warp is done with the last tile
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`, and
+        // unaligned before k 0 and from K on), then one wait, in place of a load and a store per
+        // vector, one L2 round trip after another.
+        if constexpr (ALIGNED) {
+            for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+                const int r = i / vectors, k = i % vectors * V;
+                cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+            }
+        } else {
+#pragma unroll 1
+            for (int r = 0; r < rows; ++r)  // a row at a time: no division, nothing per row kept over the passes
+                for (int i = threadIdx.x; i < KS; i += THREADS) {  // (rows past `rows`: never stored)
+                    const int k = k0 + i - HALO;
+                    const bool in = k >= 0 && k < K;
+                    cp_async<4>(s_rows + r * ROW + padded(i), in ? S + r * lds + k : S, in);
+                }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        int lo[SHIFTS], hi[SHIFTS];  // unaligned: the tile's float4s wholly inside each column (shift)
+#pragma unroll
+        for (int n = 0; n < SHIFTS; ++n) {
+            lo[n] = first[n] - k0 / V;
+            hi[n] = min(end[n] - k0 / V, vectors);
+        }
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<U, ALIGNED, SHIFTS>(b, column, live, lo, hi, k0, q0, vectors);
+#pragma unroll
+            for (int u0 = 0; u0 < U; u0 += SPAN)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
+#pragma unroll
+                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
+#pragma unroll
+                for (int u = u0; u < u0 + SPAN; ++u) {
+                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
+                    const float* row = s_rows + r * ROW;
+                    const int at = HALO + q * V;  // its float4 q in the tile
+                    float a[V];  // one float4 of row r (shifted as the column), reused over the warp's columns
+                    if constexpr (ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[0]);
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) {
+                        if constexpr (!ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[ONE_SHIFT ? 0 : c]);
+                        float& sum = BLOCKED ? part[c] : acc[r][c];
+#pragma unroll
+                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
+                    }
+                }
+                if constexpr (BLOCKED) {
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
+                }
+            }
+        }
+    }
+    if constexpr (!ALIGNED) {  // each column's floats before its first whole float4 ([0, head)) and after its last ([tail, K))
+        if (slice == 0 && lane < 6) {
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c) {
+                const int n = ONE_SHIFT ? 0 : c;
+                const int head = min(K, V * first[n] - shift[n]), tail = max(head, V * end[n] - shift[n]);
+                const int k = lane < 3 ? lane : tail + lane - 3;
+                if (!live[c] || k >= (lane < 3 ? head : K)) continue;
+                const float g = column[c][shift[n] + k];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < rows) acc[r][c] = fmaf(S[r * lds + k], g, acc[r][c]);
+            }
+        }
+    }
+
+    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
+    float sums[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            sums[r][c] = acc[r][c];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2)
+                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
+        }
+    if (slice > 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c)
+                if ((r * COLUMNS + c) % 32 == lane)
+                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
+            float sum = sums[r][c];
+            for (int s = 1; s < SLICES; ++s)
+                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
+            float* out = C + r * c_row + j[c] * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// ---- the tensor path: a pass of up to 16 rows on mma.sync m16n8k8 -------------------------------
+// The big operand's columns are the MMA's M: a warp takes a tile of 16 of them (lane 4g + t: columns g
+// and g + 8), and the rows are its N, 8 at a time (lane 4g + t: row g, and row g + 8 in a pass of 9 to
+// 16 rows). So per byte of the big operand a warp reads half a byte (8 rows) or one (16 rows) of the
+// small one, through L1 where the lanes need them: no shared tile, no block barrier in the K loop.
+// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
+// of each of its columns and rows), floats h and h + 1 as k slots t and t + 4 of k step h / 2, the same
+// slots for both operands. A column's four lanes read 128 consecutive bytes of it per chunk.
+constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
+constexpr int TILE_COLUMNS = 16;  // columns per warp: mma.sync m16n8k8's M
+static_assert(PRODUCTS == 0 || (TILES * TILE_COLUMNS == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 8 == 0, "two batches of chunks of two columns' two float4s");
+
+// The TF32 fragments of N floats, rounded to nearest (cvt.rna, as cuBLAS TF32); under 3xtf32 also
+// those of what rounding left (small).
+template <int N>
+__device__ __forceinline__ void fragments(unsigned (&big)[N], unsigned (&small)[N], const float (&v)[N]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        if constexpr (PRODUCTS == 3) split_tf32(v[n], big[n], small[n]);
+        else big[n] = to_tf32(v[n]);
+    }
+}
+
+// c += a * b over one k step (a: 16 columns x 8 k, b: 8 k x 8 rows). 3xtf32: small x big and big x small
+// into their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
+__device__ __forceinline__ void mma_products(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
+        const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
+    if constexpr (PRODUCTS == 3) {
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// The products of one chunk of the lane's columns (w: g, w8: g + 8) and rows (r: g, r8: g + 8, read
+// at R = 16), summed into p and ps (a 16 x 8 tile per 8 rows).
+template <int R>
+__device__ __forceinline__ void multiply_chunk(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&w)[8],
+        const float (&w8)[8], const float (&r)[8], const float (&r8)[8]) {
+#pragma unroll
+    for (int h = 0; h < 8; h += 2) {  // four k steps
+        const float a[4] = {w[h], w8[h], w[h + 1], w8[h + 1]}, b[2] = {r[h], r[h + 1]};
+        unsigned ab[4], as[4], bb[2], bs[2];
+        fragments<4>(ab, as, a);
+        fragments<2>(bb, bs, b);
+        mma_products(p[0], ps[0], ab, as, bb, bs);
+        if constexpr (R == 16) {
+            const float b8[2] = {r8[h], r8[h + 1]};
+            fragments<2>(bb, bs, b8);
+            mma_products(p[1], ps[1], ab, as, bb, bs);
+        }
+    }
+}
+
+// A lane's 8 floats of one chunk from `p` (two float4s, or 8 floats unaligned), read through L1
+// (ld.global.nc), or zeros where `in` is false: a select per load, no branch, so that ptxas may issue
+// them early.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, bool in) {
+    if constexpr (ALIGNED) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {
+            const float4 x = in ? __ldg(reinterpret_cast<const float4*>(p + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[e] = x.x; v[e + 1] = x.y; v[e + 2] = x.z; v[e + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = in ? __ldg(p + e) : 0.0f;
+    }
+}
+
+// The same, one float at a time, for the partial last chunk: floats from `left` on are zeros.
+__device__ __forceinline__ void load_tail(float (&v)[8], const float* p, int left) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = e < left ? __ldg(p + e) : 0.0f;
+}
+
+// The lane's two columns of U chunks: q0, q0 + TILE_SLICES, .. (zeros from chunk `full` on, and where
+// a column lies past the edge).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_columns(float (&b)[U][2][8], const float* column, const float* column8,
+        bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        load_chunk<ALIGNED>(b[u][0], column + q * CHUNK, q < full && live);
+        load_chunk<ALIGNED>(b[u][1], column8 + q * CHUNK, q < full && live8);
+    }
+}
+
+// The products of U chunks of the lane's columns (b, loaded) with the same k of its rows (read here;
+// zeros from chunk `full` on, and for rows past the edge).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&b)[U][2][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        float r[8], r8[8];
+        load_chunk<ALIGNED>(r, row + q * CHUNK, q < full && live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(r8, row8 + q * CHUNK, q < full && live8);
+        multiply_chunk<R>(p, ps, b[u][0], b[u][1], r, r8);
+    }
+}
+
+// Sums of NB blocks of 8 rows (s, and the small products' ss) set to zero, and a batch's added into them.
+template <int NB>
+__device__ __forceinline__ void zero_sums(float (&s)[NB][4], float (&ss)[NB][4]) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[n][i] = ss[n][i] = 0.0f;
+}
+
+template <int NB>
+__device__ __forceinline__ void add_sums(float (&s)[NB][4], float (&ss)[NB][4], const float (&p)[NB][4],
+        const float (&ps)[NB][4]) {
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            s[n][i] += p[n][i];
+            ss[n][i] += ps[n][i];
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
+// 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
+// chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
+// flight in turn: the next batch's loads are issued before this one's products. The loop over K's
+// whole chunks has no branch but its own; a partial last chunk follows it.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
+{
+    constexpr int U = CHUNKS_IN_FLIGHT / 8;  // chunks per batch (2 columns x 2 float4s each): 2 batches of U
+    constexpr int NB = R / 8;  // blocks of 8 rows: the MMA's N
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    static_assert(U >= 1, "at least one chunk per batch");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * TILE_COLUMNS + g;  // the lane's columns j and j + 8
+    const bool live = j < cols, live8 = j + 8 < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* column8 = G + (live8 ? (long long)(j + 8) * ldg : 0) + 8 * t;
+    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
+    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
+    const int full = K / CHUNK;  // chunks wholly inside K
+    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
+    float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
+    zero_sums(c, cs);
+
+    float b0[U][2][8], b1[U][2][8];
+    load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
+#pragma unroll 1
+    for (int q0 = slice; q0 < full; q0 += 2 * STRIDE) {
+        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
+        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
+        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
+        // the FP32 sums long: 3xtf32's error grew along K.)
+        float p[NB][4], ps[NB][4];
+        zero_sums(p, ps);
+        load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
+        load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
+        add_sums(c, cs, p, ps);
+    }
+    if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
+        const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
+        float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
+        zero_sums(p, ps);
+        load_tail(w, column + full * CHUNK, live ? left : 0);
+        load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
+        load_tail(r, row + full * CHUNK, live_row ? left : 0);
+        load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
+        multiply_chunk<R>(p, ps, w, w8, r, r8);
+        add_sums(c, cs, p, ps);
+    }
+
+    // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
+    constexpr int PART = TILE_COLUMNS * MAX_ROWS;  // shared floats per tile and slice
+    if (slice > 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                s_part[((slice - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i] = c[n][i] + cs[n][i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 8 * n + 2 * t + i % 2, jc = j + 8 * (i / 2);
+                if (r >= rows || jc >= cols) continue;
+                float sum = c[n][i] + cs[n][i];  // cs is zero but in 3xtf32
+                for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i];
+                float* out = C + r * c_row + jc * c_col;
+                *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+            }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 2)
+gemmgen_fp32_14_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
+    __shared__ float s_part[PART_FLOATS];
+    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
+    const bool transposed = M > N;
+    const int rows = transposed ? N : M, cols = transposed ? M : N;
+    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
+    const long long batch_index = blockIdx.x / blocks;
+    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
+    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    C += batch_index * strideC;
+    const float* S = transposed ? B : A;
+    const float* G = transposed ? A : B;
+    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
+    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
+    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
+
+    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
+        const int left = min(rows - r0, MAX_ROWS);
+        const float* s = S + r0 * lds;
+        float* c = C + r0 * c_row;
+        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
+            if (left <= 8)
+                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+            else
+                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+        } else if (left == 1)
+            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left == 2)
+            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 4)
+            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 8)
+            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else
+            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+    }
+}
+
+}  // namespace gemmgen_fp32_14_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_14_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
+    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_14_kernel<true> : gemmgen_fp32_14_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 15: fp32_15 ===========================================
+// gemmgen_fp32_15: generated by gemmgen 0.1.0 from <library fp32: fp32_15> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_15 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 128 x 32
@@ -13355,1173 +14018,6 @@ static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float*
 //   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
 //   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164968 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_14_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (fp32_14_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_14_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_14_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_14_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_14_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_14_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_14_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_14_fallback_kernel<true> : gemmgen_fp32_14_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_14_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_14_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_fp32_14_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
-constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
-constexpr long long ROUND_B_MAX_MN = 2097152;
-constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 164968;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
-// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
-// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
-// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
-// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
-// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
-// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
-// tile's again, for the next launch on the same workspace.
-constexpr int CONSUMER_THREADS = CONSUMERS * 128;
-constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
-constexpr int SLOT_FLOATS = BM * BN;
-constexpr int COUNTER_FLOATS = 32;
-constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
-constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
-static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
-
-// The block's consumer warpgroups only (its producer warpgroup has returned).
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
-}
-
-// Writes this thread's share of the slice's product to its slot and counts the block in; true in
-// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
-__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
-                                           int* last) {
-    float* region = workspace + blockIdx.x * REGION_FLOATS;
-    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2)
-            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
-    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
-    consumers_sync();
-    if (consumer_thread == 0) {
-        int* counter = reinterpret_cast<int*>(region);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
-        *last = arrived == SPLIT_K;
-    }
-    consumers_sync();
-    if (!*last) return false;
-    __threadfence();  // the other slices' sums, seen after their counts
-    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2) {
-            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-            acc[i][j] = first.x;
-            acc[i][j + 1] = first.y;
-        }
-    for (int y = 1; y < SPLIT_K; ++y) {
-        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
-#pragma unroll
-        for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; j += 2) {
-                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-                acc[i][j] += sums.x;
-                acc[i][j + 1] += sums.y;
-            }
-    }
-    return true;
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        float* __restrict__ workspace,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
-    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
-        // part to nearest in place first), at their own pace behind the copies.
-        else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-                barrier_arrive(&ready[s]);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
-    float tile_product[TM][RN * TN];
-    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
-    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
-    // alternate between two sets of registers (the MMAs read theirs until they complete).
-    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_stage = sA + s * A_STAGE_FLOATS;
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)
-        #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
-            }
-    };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        const float* b_small = sB_small + s * B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
-        wgmma_commit();
-    };
-    auto add_product = [&](int t) {  // once the tile's MMAs have completed
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    };
-    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
-        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
-        }
-    }
-    // Split K through the workspace: this slice's product to its slot; the block that counts in last
-    // holds the tile's sum in acc and stores it below, the others are done.
-    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_14_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-#include <mutex>
-
-namespace gemmgen_fp32_14_impl {
-// Split K's workspace (see split K above): one per device and stream, since kernels on one
-// stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
-// allocates, so it cannot be the first call inside a CUDA graph capture.
-static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
-    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
-    static std::mutex lock;
-    static Entry entries[16];
-    static unsigned long long calls = 0;
-    std::lock_guard<std::mutex> guard(lock);
-    Entry* entry = nullptr;
-    for (Entry& e : entries)
-        if (e.memory && e.stream == stream && e.device == device) entry = &e;
-    if (!entry) {  // a free entry, or the one used longest ago
-        entry = &entries[0];
-        for (Entry& e : entries)
-            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
-    }
-    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
-        if (entry->memory) {
-            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
-            entry->memory = nullptr;
-            if (freed != cudaSuccess) return freed;
-        }
-        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
-        cudaError_t error = cudaMalloc(&entry->memory, size);
-        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
-        error = cudaMemsetAsync(entry->memory, 0, size, stream);
-        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
-        *entry = Entry{stream, device, size, entry->memory, 0};
-    }
-    entry->used = ++calls;
-    *workspace = static_cast<float*>(entry->memory);
-    return cudaSuccess;
-}
-}  // namespace gemmgen_fp32_14_impl
-
-static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_14_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_fp32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_14_kernel<true> : gemmgen_fp32_14_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 15: fp32_15 ===========================================
-// gemmgen_fp32_15: generated by gemmgen 0.1.0 from <library fp32: fp32_15> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_15 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 64 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    4 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 64 x 32
-//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 132200 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
@@ -15049,11 +14545,11 @@ static inline int gemmgen_fp32_15_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_15_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
@@ -15064,7 +14560,7 @@ constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 132200;
+constexpr int SMEM_BYTES = 164968;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
@@ -15191,11 +14687,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -15205,11 +14701,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsi
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -15670,7 +15166,7 @@ static inline int gemmgen_fp32_15(int M, int N, int K, float alpha, const float*
 //   kernel fp32_16 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 64 x 32
+//     block    128 x 64 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
@@ -15684,14 +15180,14 @@ static inline int gemmgen_fp32_15(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
+//   block tile (BM x BN x BK)  128 x 64 x 32
 //   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 64
 //   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 99432 bytes per block
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 132200 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (64 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_16_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -16216,9 +15712,9 @@ static inline int gemmgen_fp32_16_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_16_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
@@ -16231,7 +15727,7 @@ constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 99432;
+constexpr int SMEM_BYTES = 132200;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
@@ -16837,13 +16333,13 @@ static inline int gemmgen_fp32_16(int M, int N, int K, float alpha, const float*
 //   kernel fp32_17 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 64 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    16
+//     split    4 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -16851,17 +16347,17 @@ static inline int gemmgen_fp32_16(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 99432 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    16 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (64 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_17_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_17(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -16899,7 +16395,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -17383,6 +16879,1173 @@ static inline int gemmgen_fp32_17_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_17_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
+constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
+constexpr int SMEM_BYTES = 99432;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
+    }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
+    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
+        else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                barrier_wait(&full[s], (t / STAGES) & 1);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+                barrier_arrive(&ready[s]);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
+    float tile_product[TM][RN * TN];
+    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
+    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
+    // alternate between two sets of registers (the MMAs read theirs until they complete).
+    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
+    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_stage = sA + s * A_STAGE_FLOATS;
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)
+        #pragma unroll
+            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
+                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
+            }
+    };
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        const float* b_small = sB_small + s * B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
+        wgmma_commit();
+    };
+    auto add_product = [&](int t) {  // once the tile's MMAs have completed
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    };
+    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
+        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+        wgmma_wait<0>();
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+            wgmma_wait<0>();
+            add_product(t + 1);
+        }
+    }
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_17_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_fp32_17_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_fp32_17_impl
+
+static inline int gemmgen_fp32_17_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_17_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_fp32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_17_kernel<true> : gemmgen_fp32_17_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_17(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 18: fp32_18 ===========================================
+// gemmgen_fp32_18: generated by gemmgen 0.1.0 from <library fp32: fp32_18> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_18 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 128 x 32
+//     math     3xtf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    16
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    16 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_fp32_18_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (fp32_18_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_18_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_18_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
+// same place in `small`.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        uint4 big_run, small_run;
+        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
+        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
+        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
+        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
+        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_18_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
+    // three products start from zero in tile_product, which is added into acc rounding to
+    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
+    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
+    float tile_product[TM][RN * TN];
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_18_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_18_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_18_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_18_fallback_kernel<true> : gemmgen_fp32_18_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_18_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_18_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_fp32_18_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
@@ -17601,7 +18264,7 @@ __device__ __forceinline__ void write_remainders(float* tile, float* small, int 
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_17_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_fp32_18_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -17614,7 +18277,7 @@ extern "C" __global__ void gemmgen_fp32_17_scale_c(int M, int N, float beta, flo
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_fp32_18_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -17781,7 +18444,7 @@ gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_fp32_17_impl
+}  // namespace gemmgen_fp32_18_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -17794,11 +18457,11 @@ gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_17_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_17_impl;
+    using namespace gemmgen_fp32_18_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -17816,7 +18479,7 @@ static inline int gemmgen_fp32_17_batched(int M, int N, int K, float alpha, cons
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_fp32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_fp32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -17870,677 +18533,14 @@ static inline int gemmgen_fp32_17_batched(int M, int N, int K, float alpha, cons
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = true;
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_17_kernel<true> : gemmgen_fp32_17_kernel<false>;
+        aligned ? gemmgen_fp32_18_kernel<true> : gemmgen_fp32_18_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_17_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_fp32_18_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_17(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 18: fp32_18 ===========================================
-// gemmgen_fp32_18: generated by gemmgen 0.1.0 from <library fp32: fp32_18> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_18 {
-//     target   sm_90
-//     layout   A row, B col, C row
-//     decode   columns 2 warps 4 slices 1
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                   sm_90
-//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
-//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
-//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   columns per warp         2, 4 step(s) of 2 vector loads in flight per lane (8 float4s)
-//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows); unaligned, K tile = 7680 / rows, with the 4 floats before it (which a column read from the 16-byte boundary before it reaches back to) and a float of padding per 32 (no bank conflicts)
-//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
-//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 8 columns
-//   K slices' sums           none (one warp per column group)
-//   registers (estimate)     68 live floats per lane at 16 rows, 40 at 1
-//   shared memory per block  0 dynamic + 32772 static bytes
-//   schedule                 a block per 8 columns of the big operand, of every batch
-//   epilogue                 alpha * A*B + beta * C
-//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_18_impl {
-
-// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
-// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
-// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
-// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 2;  // columns per warp
-constexpr int WARPS = 4;
-constexpr int SLICES = 1;  // warps per column group, each a slice of K
-constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 8;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 128;
-constexpr int MAX_ROWS = 16;  // rows per pass
-constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
-// Unaligned, K tile = UNALIGNED_TILE_FLOATS / rows, each row's tile with TILE_HALO floats before it and
-// a float of padding per 32 (padded()): still within TILE_FLOATS.
-constexpr int UNALIGNED_TILE_FLOATS = 7680;
-constexpr int TILE_HALO = 4;
-constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
-constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
-constexpr int SMEM_BYTES = 0;  // its shared memory is static
-// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
-// step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
-constexpr int PRODUCTS = 0;
-constexpr int TILES = 1;
-constexpr int TILE_SLICES = 4;
-constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
-
-// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
-
-// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
-// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const int src_bytes = valid ? BYTES : 0;
-    if constexpr (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
-    }
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-// Wait until at most PENDING committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
-}
-// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
-// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
-__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
-                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
-        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
-// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
-// which is exactly the TF32 fragment layout above when shared rows run along K.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
-}
-
-__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
-}
-static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
-
-// 4 consecutive floats from 16-byte aligned memory into registers, or zeros.
-__device__ __forceinline__ void load_vec(float (&regs)[4], const float* src) {
-    const float4 v = *reinterpret_cast<const float4*>(src);
-    regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-}
-
-__device__ __forceinline__ void fill_zero(float (&regs)[4]) {
-#pragma unroll
-    for (int v = 0; v < 4; ++v) regs[v] = 0.0f;
-}
-
-// Where an unaligned row's float i of its tile lies: a float of padding after every 32, so that the
-// lanes' reads, 4 floats apart, fall in 32 banks (unpadded, 4 lanes shared each bank).
-__device__ __forceinline__ int padded(int i) {
-    return i + (i >> 5);
-}
-
-// 4 consecutive floats from float `at` of a row's tile in shared memory: one 16-byte load where the
-// call is aligned, else four (a column's shift puts them anywhere), padded.
-template <bool ALIGNED>
-__device__ __forceinline__ void load_row(float (&regs)[4], const float* row, int at) {
-    if constexpr (ALIGNED) {
-        load_vec(regs, row + at);
-    } else {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) regs[v] = row[padded(at + v)];
-    }
-}
-
-// One step of a lane: U x COLUMNS float4s of the big operand, STEP apart from q0, all issued before
-// any is used; zeros for columns past the edge, and past the tile's `vectors` (aligned) or outside the
-// float4s [lo, hi) wholly inside each column (unaligned; lo and hi per shift).
-template <int U, bool ALIGNED, int SHIFTS>
-__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][4], const float* const (&column)[COLUMNS],
-        const bool (&live)[COLUMNS], const int (&lo)[SHIFTS], const int (&hi)[SHIFTS], int k0, int q0,
-        int vectors) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            const int q = q0 + u * STEP;
-            const int n = SHIFTS == 1 ? 0 : c;
-            const bool in = (ALIGNED ? q < vectors : q >= lo[n] && q < hi[n]) && live[c];
-            if (in) load_vec(b[u][c], column[c] + k0 + q * 4);
-            else fill_zero(b[u][c]);
-        }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
-// the block's BLOCK_COLS columns of G from col0 (of `cols`). The big operand is read in float4s from
-// 16-byte aligned addresses either way. Aligned (every row starts 16-byte aligned), a column's float4 q
-// holds its k = 4q .. 4q + 3. Unaligned, a column whose start lies `shift` floats past a 16-byte
-// boundary is read from that boundary: its float4 q holds k = 4q - shift .. 4q - shift + 3, and is
-// multiplied by the rows read `shift` floats back in the shared tile (which holds the 4 floats before
-// it too). Its up to 3 floats before the first whole float4 and after the last are multiplied after
-// the K loop, one by each of 6 lanes. C is read only where beta != 0.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    constexpr int V = 4;  // floats per load of the big operand
-    // steps issued together (unaligned at 16 rows half as many: ptxas spilled the 2-column point there)
-    constexpr int U = ALIGNED || R < 16 || UNROLL == 1 ? UNROLL : UNROLL / 2;
-    constexpr int KT = (ALIGNED ? TILE_FLOATS : UNALIGNED_TILE_FLOATS) / R;  // K per shared tile (a multiple of 4)
-    constexpr int HALO = ALIGNED ? 0 : TILE_HALO;  // unaligned: the floats before the tile's first k too
-    constexpr int KS = KT + HALO;  // floats of a row's tile
-    constexpr int ROW = ALIGNED ? KT : KS + KS / 32;  // shared floats per row (unaligned: padded)
-    static_assert(R * ROW <= TILE_FLOATS, "the rows' tiles fit the shared array");
-    // Unaligned, a warp's columns are every GROUPS-th of the block's from its group's: where GROUPS is a
-    // multiple of 4 they share their shift (whatever the leading dimension), and a row's float4 is read
-    // once for all of them; else once per column.
-    constexpr bool ONE_SHIFT = ALIGNED || COLUMNS == 1 || GROUPS % 4 == 0;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = warp % GROUPS, slice = warp / GROUPS;
-
-    constexpr int SHIFTS = ONE_SHIFT ? 1 : COLUMNS;  // column c's shift is shift[ONE_SHIFT ? 0 : c]
-    int j[COLUMNS], shift[SHIFTS], first[SHIFTS], end[SHIFTS];  // first, end: the float4s wholly inside K
-    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
-    bool live[COLUMNS];
-#pragma unroll
-    for (int c = 0; c < COLUMNS; ++c) {
-        j[c] = ALIGNED ? col0 + group * COLUMNS + c : col0 + group + GROUPS * c;
-        live[c] = j[c] < cols;
-        const float* start = G + (live[c] ? (long long)j[c] * ldg : 0);
-        const int n = ONE_SHIFT ? 0 : c;
-        if (c == n) {
-            shift[n] = ALIGNED ? 0 : (int)(reinterpret_cast<unsigned long long>(start) / 4 % 4);
-            first[n] = shift[n] > 0;
-            end[n] = (K + shift[n]) / V;
-        }
-        column[c] = start - shift[n];
-    }
-    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
-    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
-    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
-    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
-    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
-    // accumulators (blocked there too, ptxas spilled the 4-column points).
-    constexpr bool BLOCKED = R <= 8;
-    constexpr int SPAN = U < 16 / V ? U : 16 / V;
-    float acc[R][COLUMNS];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
-
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        // float4s of this tile: aligned, K is a multiple of 4; unaligned, those starting before K
-        const int vectors = (ALIGNED ? min(KT, K - k0) : min(KT, K - k0 + V - 1)) / V;
-        __syncthreads();  // every warp is done with the last tile
-        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`, and
-        // unaligned before k 0 and from K on), then one wait, in place of a load and a store per
-        // vector, one L2 round trip after another.
-        if constexpr (ALIGNED) {
-            for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-                const int r = i / vectors, k = i % vectors * V;
-                cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
-            }
-        } else {
-#pragma unroll 1
-            for (int r = 0; r < rows; ++r)  // a row at a time: no division, nothing per row kept over the passes
-                for (int i = threadIdx.x; i < KS; i += THREADS) {  // (rows past `rows`: never stored)
-                    const int k = k0 + i - HALO;
-                    const bool in = k >= 0 && k < K;
-                    cp_async<4>(s_rows + r * ROW + padded(i), in ? S + r * lds + k : S, in);
-                }
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        int lo[SHIFTS], hi[SHIFTS];  // unaligned: the tile's float4s wholly inside each column (shift)
-#pragma unroll
-        for (int n = 0; n < SHIFTS; ++n) {
-            lo[n] = first[n] - k0 / V;
-            hi[n] = min(end[n] - k0 / V, vectors);
-        }
-        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
-            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
-            load_step<U, ALIGNED, SHIFTS>(b, column, live, lo, hi, k0, q0, vectors);
-#pragma unroll
-            for (int u0 = 0; u0 < U; u0 += SPAN)
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
-#pragma unroll
-                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
-#pragma unroll
-                for (int u = u0; u < u0 + SPAN; ++u) {
-                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
-                    const float* row = s_rows + r * ROW;
-                    const int at = HALO + q * V;  // its float4 q in the tile
-                    float a[V];  // one float4 of row r (shifted as the column), reused over the warp's columns
-                    if constexpr (ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[0]);
-#pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) {
-                        if constexpr (!ONE_SHIFT) load_row<ALIGNED>(a, row, at - shift[ONE_SHIFT ? 0 : c]);
-                        float& sum = BLOCKED ? part[c] : acc[r][c];
-#pragma unroll
-                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
-                    }
-                }
-                if constexpr (BLOCKED) {
-#pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
-                }
-            }
-        }
-    }
-    if constexpr (!ALIGNED) {  // each column's floats before its first whole float4 ([0, head)) and after its last ([tail, K))
-        if (slice == 0 && lane < 6) {
-#pragma unroll
-            for (int c = 0; c < COLUMNS; ++c) {
-                const int n = ONE_SHIFT ? 0 : c;
-                const int head = min(K, V * first[n] - shift[n]), tail = max(head, V * end[n] - shift[n]);
-                const int k = lane < 3 ? lane : tail + lane - 3;
-                if (!live[c] || k >= (lane < 3 ? head : K)) continue;
-                const float g = column[c][shift[n] + k];
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-                    if (r < rows) acc[r][c] = fmaf(S[r * lds + k], g, acc[r][c]);
-            }
-        }
-    }
-
-    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
-    float sums[R][COLUMNS];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            sums[r][c] = acc[r][c];
-#pragma unroll
-            for (int offset = 16; offset > 0; offset /= 2)
-                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
-        }
-    if (slice > 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int c = 0; c < COLUMNS; ++c)
-                if ((r * COLUMNS + c) % 32 == lane)
-                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
-            float sum = sums[r][c];
-            for (int s = 1; s < SLICES; ++s)
-                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
-            float* out = C + r * c_row + j[c] * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
-    __syncthreads();  // s_part is free for the next pass
-}
-
-// ---- the tensor path: a pass of up to 16 rows on mma.sync m16n8k8 -------------------------------
-// The big operand's columns are the MMA's M: a warp takes a tile of 16 of them (lane 4g + t: columns g
-// and g + 8), and the rows are its N, 8 at a time (lane 4g + t: row g, and row g + 8 in a pass of 9 to
-// 16 rows). So per byte of the big operand a warp reads half a byte (8 rows) or one (16 rows) of the
-// small one, through L1 where the lanes need them: no shared tile, no block barrier in the K loop.
-// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
-// of each of its columns and rows), floats h and h + 1 as k slots t and t + 4 of k step h / 2, the same
-// slots for both operands. A column's four lanes read 128 consecutive bytes of it per chunk.
-constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
-constexpr int TILE_COLUMNS = 16;  // columns per warp: mma.sync m16n8k8's M
-static_assert(PRODUCTS == 0 || (TILES * TILE_COLUMNS == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 8 == 0, "two batches of chunks of two columns' two float4s");
-
-// The TF32 fragments of N floats, rounded to nearest (cvt.rna, as cuBLAS TF32); under 3xtf32 also
-// those of what rounding left (small).
-template <int N>
-__device__ __forceinline__ void fragments(unsigned (&big)[N], unsigned (&small)[N], const float (&v)[N]) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-        if constexpr (PRODUCTS == 3) split_tf32(v[n], big[n], small[n]);
-        else big[n] = to_tf32(v[n]);
-    }
-}
-
-// c += a * b over one k step (a: 16 columns x 8 k, b: 8 k x 8 rows). 3xtf32: small x big and big x small
-// into their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
-// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
-__device__ __forceinline__ void mma_products(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
-        const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
-    if constexpr (PRODUCTS == 3) {
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
-    }
-    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
-}
-
-// The products of one chunk of the lane's columns (w: g, w8: g + 8) and rows (r: g, r8: g + 8, read
-// at R = 16), summed into p and ps (a 16 x 8 tile per 8 rows).
-template <int R>
-__device__ __forceinline__ void multiply_chunk(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&w)[8],
-        const float (&w8)[8], const float (&r)[8], const float (&r8)[8]) {
-#pragma unroll
-    for (int h = 0; h < 8; h += 2) {  // four k steps
-        const float a[4] = {w[h], w8[h], w[h + 1], w8[h + 1]}, b[2] = {r[h], r[h + 1]};
-        unsigned ab[4], as[4], bb[2], bs[2];
-        fragments<4>(ab, as, a);
-        fragments<2>(bb, bs, b);
-        mma_products(p[0], ps[0], ab, as, bb, bs);
-        if constexpr (R == 16) {
-            const float b8[2] = {r8[h], r8[h + 1]};
-            fragments<2>(bb, bs, b8);
-            mma_products(p[1], ps[1], ab, as, bb, bs);
-        }
-    }
-}
-
-// A lane's 8 floats of one chunk from `p` (two float4s, or 8 floats unaligned), read through L1
-// (ld.global.nc), or zeros where `in` is false: a select per load, no branch, so that ptxas may issue
-// them early.
-template <bool ALIGNED>
-__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, bool in) {
-    if constexpr (ALIGNED) {
-#pragma unroll
-        for (int e = 0; e < 8; e += 4) {
-            const float4 x = in ? __ldg(reinterpret_cast<const float4*>(p + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            v[e] = x.x; v[e + 1] = x.y; v[e + 2] = x.z; v[e + 3] = x.w;
-        }
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = in ? __ldg(p + e) : 0.0f;
-    }
-}
-
-// The same, one float at a time, for the partial last chunk: floats from `left` on are zeros.
-__device__ __forceinline__ void load_tail(float (&v)[8], const float* p, int left) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = e < left ? __ldg(p + e) : 0.0f;
-}
-
-// The lane's two columns of U chunks: q0, q0 + TILE_SLICES, .. (zeros from chunk `full` on, and where
-// a column lies past the edge).
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_columns(float (&b)[U][2][8], const float* column, const float* column8,
-        bool live, bool live8, int q0, int full) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int q = q0 + u * TILE_SLICES;
-        load_chunk<ALIGNED>(b[u][0], column + q * CHUNK, q < full && live);
-        load_chunk<ALIGNED>(b[u][1], column8 + q * CHUNK, q < full && live8);
-    }
-}
-
-// The products of U chunks of the lane's columns (b, loaded) with the same k of its rows (read here;
-// zeros from chunk `full` on, and for rows past the edge).
-template <int R, int U, bool ALIGNED>
-__device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&b)[U][2][8],
-        const float* row, const float* row8, bool live, bool live8, int q0, int full) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int q = q0 + u * TILE_SLICES;
-        float r[8], r8[8];
-        load_chunk<ALIGNED>(r, row + q * CHUNK, q < full && live);
-        if constexpr (R == 16) load_chunk<ALIGNED>(r8, row8 + q * CHUNK, q < full && live8);
-        multiply_chunk<R>(p, ps, b[u][0], b[u][1], r, r8);
-    }
-}
-
-// Sums of NB blocks of 8 rows (s, and the small products' ss) set to zero, and a batch's added into them.
-template <int NB>
-__device__ __forceinline__ void zero_sums(float (&s)[NB][4], float (&ss)[NB][4]) {
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s[n][i] = ss[n][i] = 0.0f;
-}
-
-template <int NB>
-__device__ __forceinline__ void add_sums(float (&s)[NB][4], float (&ss)[NB][4], const float (&p)[NB][4],
-        const float (&ps)[NB][4]) {
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            s[n][i] += p[n][i];
-            ss[n][i] += ps[n][i];
-        }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
-// 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
-// chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
-// flight in turn: the next batch's loads are issued before this one's products. The loop over K's
-// whole chunks has no branch but its own; a partial last chunk follows it.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
-{
-    constexpr int U = CHUNKS_IN_FLIGHT / 8;  // chunks per batch (2 columns x 2 float4s each): 2 batches of U
-    constexpr int NB = R / 8;  // blocks of 8 rows: the MMA's N
-    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
-    static_assert(U >= 1, "at least one chunk per batch");
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int tile = warp % TILES, slice = warp / TILES;
-    const int g = lane / 4, t = lane % 4;
-    const int j = col0 + tile * TILE_COLUMNS + g;  // the lane's columns j and j + 8
-    const bool live = j < cols, live8 = j + 8 < cols, live_row = g < rows, live_row8 = g + 8 < rows;
-    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
-    const float* column8 = G + (live8 ? (long long)(j + 8) * ldg : 0) + 8 * t;
-    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
-    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
-    const int full = K / CHUNK;  // chunks wholly inside K
-    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
-    float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
-    zero_sums(c, cs);
-
-    float b0[U][2][8], b1[U][2][8];
-    load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
-#pragma unroll 1
-    for (int q0 = slice; q0 < full; q0 += 2 * STRIDE) {
-        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
-        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
-        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
-        // the FP32 sums long: 3xtf32's error grew along K.)
-        float p[NB][4], ps[NB][4];
-        zero_sums(p, ps);
-        load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
-        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
-        load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
-        multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
-        add_sums(c, cs, p, ps);
-    }
-    if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
-        const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
-        float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
-        zero_sums(p, ps);
-        load_tail(w, column + full * CHUNK, live ? left : 0);
-        load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
-        load_tail(r, row + full * CHUNK, live_row ? left : 0);
-        load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
-        multiply_chunk<R>(p, ps, w, w8, r, r8);
-        add_sums(c, cs, p, ps);
-    }
-
-    // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
-    constexpr int PART = TILE_COLUMNS * MAX_ROWS;  // shared floats per tile and slice
-    if (slice > 0) {
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                s_part[((slice - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i] = c[n][i] + cs[n][i];
-    }
-    __syncthreads();
-    if (slice == 0) {
-#pragma unroll
-        for (int n = 0; n < NB; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int r = 8 * n + 2 * t + i % 2, jc = j + 8 * (i / 2);
-                if (r >= rows || jc >= cols) continue;
-                float sum = c[n][i] + cs[n][i];  // cs is zero but in 3xtf32
-                for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i];
-                float* out = C + r * c_row + jc * c_col;
-                *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-            }
-    }
-    __syncthreads();  // s_part is free for the next pass
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS)
-gemmgen_fp32_18_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
-    __shared__ float s_part[PART_FLOATS];
-    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
-    const bool transposed = M > N;
-    const int rows = transposed ? N : M, cols = transposed ? M : N;
-    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
-    const long long batch_index = blockIdx.x / blocks;
-    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
-    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    C += batch_index * strideC;
-    const float* S = transposed ? B : A;
-    const float* G = transposed ? A : B;
-    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
-    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
-    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
-
-    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
-        const int left = min(rows - r0, MAX_ROWS);
-        const float* s = S + r0 * lds;
-        float* c = C + r0 * c_row;
-        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
-            if (left <= 8)
-                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
-            else
-                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
-        } else if (left == 1)
-            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left == 2)
-            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 4)
-            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 8)
-            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else
-            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-    }
-}
-
-}  // namespace gemmgen_fp32_18_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_18_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
-    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_18_kernel<true> : gemmgen_fp32_18_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -19105,172 +19105,151 @@ struct Model { const Point* points; int count; double coef[5]; double split_rati
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; bool decode; int decode_products; };
 
 static const Point fp32_0_aligned[] = {
-    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.006299726889902992, 1, 0.0, 0},
-    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11651340124996584, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.037658791587694244, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07406218823172375, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.039299697574016114, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06730195087046648, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022944113374188693, 1, 0.0, 0},
-    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, 0.004803785606310906, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0488509221210383, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023874490527313386, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02209671770166867, 1, 0.0, 0},
-    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.026313334852566844, 1, 0.0, 0},
-    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.004640618656770547, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09094399958848953, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.007977684397521265, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10968000069260597, 0.0, 9.306377560173125, 8.317766166719343, -0.015281458694589502, 1, 0.0, 0},
-    {8, 11008, 4096, 0.11151999980211258, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0020088991958163577, 1, 0.0, 0},
-    {16, 4096, 4096, 0.05571199953556061, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07044006423562227, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13808000087738037, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.023552262755066986, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0551999993622303, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06120745071552808, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08790399879217148, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.007253162103081797, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08966399729251862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.007596536370914174, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05430399999022484, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04907788957092223, 1, 0.0, 0},
-    {3, 4096, 11008, 0.11073600128293037, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.02634534376755303, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08939691010856492, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.7249440252780914, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0045220659674035, 1, 0.0, 0},
-    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.04019971228710993, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.021206605429924127, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03302431626154403, 1, 0.0, 0},
-    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.009898628787452407, 1, 0.0, 0},
-    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.008819587589895237, 1, 0.0, 0},
-    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.006509368016211963, 1, 0.0, 0},
-    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.01632822748375821, 1, 0.0, 0},
-    {384, 384, 24576, 0.09884800016880035, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.11257185093619701, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9020799994468689, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.18080600815508255, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.0987520217895508, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.1348029690408694, 1, 0.0, 0},
-    {1536, 2560, 768, 0.07062400132417679, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.03545881027802938, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4485439956188202, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.011471824696673346, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.5181119441986084, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.02273156011222428, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1557279825210571, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02599259459448759, 1, 0.0, 0},
-    {512, 512, 512, 0.18353600054979324, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.01556655589643545, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.12407999858260155, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08030407924728615, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03776000067591667, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5235933456271351, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.09641599655151367, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.25053560731398516, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.10022400319576263, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07615455760361892, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.19092799723148346, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012962752747930302, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03083940570341701, 1, 0.0, 1},
+    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.006188259861479101, 1, 0.0, 0},
+    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1165876068847475, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03770335867197809, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07406066785158316, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.039288453620305565, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06728964451602998, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0229397692158741, 1, 0.0, 0},
+    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, 0.004705236899920254, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.04893559460457918, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023925241276753127, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02209568193629706, 1, 0.0, 0},
+    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.026312299087195328, 1, 0.0, 0},
+    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.004720494124673179, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09094399958848953, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.00793726579703479, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10968000069260597, 0.0, 9.306377560173125, 8.317766166719343, -0.015375353369174116, 1, 0.0, 0},
+    {8, 11008, 4096, 0.11151999980211258, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0020975116830105377, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05571199953556061, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07035060647069617, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13808000087738037, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.023642424292731723, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0551999993622303, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0611179929506021, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08790399879217148, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.007161341183921343, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08966399729251862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.007510121098836422, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05430399999022484, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04898177539715685, 1, 0.0, 0},
+    {3, 4096, 11008, 0.11073600128293037, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.02643632921199849, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08939372906280552, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.7249440252780914, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.004511595896860031, 1, 0.0, 0},
+    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.04018958197365716, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02114277560179126, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03303033161673309, 1, 0.0, 0},
+    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.009874986741085263, 1, 0.0, 0},
+    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.00881020468852858, 1, 0.0, 0},
+    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.006509162572133503, 1, 0.0, 0},
+    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.01627951872410008, 1, 0.0, 0},
+    {384, 384, 24576, 0.09884800016880035, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.1125596034567863, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9020799994468689, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.1808161406727025, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.0987520217895508, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.13481347832493507, 1, 0.0, 0},
+    {1536, 2560, 768, 0.07062400132417679, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.035445749620707165, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4485439956188202, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.011463141462950074, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.5181119441986084, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022743612103043594, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1557279825210571, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.026003623023704944, 1, 0.0, 0},
+    {512, 512, 512, 0.18353600054979324, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.015569736942194809, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.12407999858260155, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08030410457270588, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03776000067591667, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5235295157990022, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.09641599655151367, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2505290411599895, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.10022400319576263, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07610715155984771, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.19092799723148346, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012957612264762502, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.030850285293391587, 1, 0.0, 1},
 };
 static const Point fp32_0_unaligned[] = {
-    {2047, 2047, 2047, 0.2844800055027008, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027134127425257358, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1642560064792633, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.11727482877645133, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.271360158920288, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.049890271193513344, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04374400153756142, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.19902928688539842, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05510399863123894, 8.317766166719343, 0.0, 8.317766166719343, -0.17421231643478133, 1, 0.0, 0},
-    {1, 4096, 4096, 0.1409280002117157, 0.0, 8.317766166719343, 8.317766166719343, 0.7648145227620058, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14665600657463074, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.001698089932780798, 1, 0.0, 0},
-    {8, 6144, 6144, 0.20577599853277206, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.5115809392188463, 1, 0.0, 0},
-    {4096, 12, 4096, 0.1260479986667633, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.6296639447663317, 1, 0.0, 0},
-    {13, 5000, 3001, 0.10390400141477585, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.5060000244138773, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.140079975128174, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01632286118945469, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.16083906323343922, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2844800055027008, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027143713053919886, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1642560064792633, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.11727923524611196, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.271360158920288, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04987884231983866, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04374400153756142, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.199058163608425, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05510399863123894, 8.317766166719343, 0.0, 8.317766166719343, -0.1740833841257641, 1, 0.0, 0},
+    {1, 4096, 4096, 0.1409280002117157, 0.0, 8.317766166719343, 8.317766166719343, 0.7649434550710229, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14665600657463074, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0015828783985883297, 1, 0.0, 0},
+    {8, 6144, 6144, 0.20577599853277206, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.511705644817639, 1, 0.0, 0},
+    {4096, 12, 4096, 0.1260479986667633, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.6297793692064104, 1, 0.0, 0},
+    {13, 5000, 3001, 0.10390400141477585, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.5061146613559036, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.140079975128174, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.016339863319247316, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.16082312449519176, 1, 0.0, 0},
 };
 static const Point fp32_1_aligned[] = {
-    {1, 4096, 4096, 0.03855999931693077, 0.0, 8.317766166719343, 8.317766166719343, -0.0035090878855225925, 1, 0.0, 0},
-    {16, 8192, 4096, 0.12009599804878235, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1800930280511675, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07622399926185608, 0.0, 9.306377560173125, 8.317766166719343, 0.06966152054369727, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08750400319695473, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.08820891498174198, 1, 0.0, 0},
-    {16, 4096, 4096, 0.0629120022058487, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.0210785893743326, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10241599753499031, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.04592093764209061, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06272000074386597, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.024135161059220523, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07804799824953079, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.06072777103695692, 1, 0.0, 0},
-    {12, 4096, 8192, 0.10449599847197533, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.08045454823515519, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04428799822926521, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.027232593136167573, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08479999750852585, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.023416091732979337, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03657599911093712, 0.0, 8.317766166719343, 8.317766166719343, 0.019500792297319342, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08687999844551086, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.04234213286505144, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07657600194215775, 0.0, 9.306377560173125, 8.317766166719343, 0.043517792462858466, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09097599983215332, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0335488947572074, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05004800111055374, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.04642680222707123, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10268799960613251, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.0034323364850043785, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04995200037956238, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04834681740812578, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06943999975919724, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.012723606659566662, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08064000308513641, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.021597170264716185, 1, 0.0, 0},
+    {5, 4096, 4096, 0.040511999279260635, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.005624753486415882, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08060800284147263, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.09275937595068115, 1, 0.0, 0},
 };
 static const Point fp32_1_unaligned[] = {
-    {4096, 1, 4096, 0.0382080003619194, 8.317766166719343, 0.0, 8.317766166719343, -0.05062612151191744, 1, 0.0, 0},
-    {1, 4096, 4096, 0.039264000952243805, 0.0, 8.317766166719343, 8.317766166719343, -0.023362955973561736, 1, 0.0, 0},
-    {16, 11008, 4096, 0.21060799807310104, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.24375163587745657, 1, 0.0, 0},
-    {8, 6144, 6144, 0.08982399851083755, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.09376045835955703, 1, 0.0, 0},
-    {4096, 12, 4096, 0.09030400216579437, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.11636355089937413, 1, 0.0, 0},
-    {13, 5000, 3001, 0.08022399991750717, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.2412348015142031, 1, 0.0, 0},
+    {4096, 1, 4096, 0.03641600161790848, 8.317766166719343, 0.0, 8.317766166719343, -0.022255047585435565, 1, 0.0, 0},
+    {1, 4096, 4096, 0.036768000572919846, 0.0, 8.317766166719343, 8.317766166719343, -0.012635413269437692, 1, 0.0, 0},
+    {16, 11008, 4096, 0.20430400222539902, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.034335376568433426, 1, 0.0, 0},
+    {8, 6144, 6144, 0.1170559972524643, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.05773051313972529, 1, 0.0, 0},
+    {4096, 12, 4096, 0.0700799971818924, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.013009466669751111, 1, 0.0, 0},
+    {13, 5000, 3001, 0.09356799721717834, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.3453209150835277, 1, 0.0, 0},
 };
 static const Point fp32_2_aligned[] = {
-    {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03234454171335093, 1, 0.0, 0},
-    {512, 512, 512, 0.02300800010561943, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.025452052314056037, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.038975998759269714, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03555858894577923, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.143327996134758, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03631303404343718, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.176144003868103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04663245908965604, 1, 0.0, 0},
-    {8192, 8192, 8192, 8.608575820922852, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.029708529863312363, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5172160267829895, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.013874686588957567, 1, 0.0, 0},
-    {1, 4096, 4096, 0.12982399761676788, 0.0, 8.317766166719343, 8.317766166719343, 0.04369578850724703, 1, 0.0, 0},
-    {16, 8192, 4096, 0.13158400356769562, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.025578675327719503, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2526400089263916, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04103078006829865, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2520959973335266, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02521841810415231, 1, 0.0, 0},
-    {8192, 128, 8192, 0.25679999589920044, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.00673081902841842, 1, 0.0, 0},
-    {4096, 32, 4096, 0.13126400113105774, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04849023484174608, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1298080012202263, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.012730191042400535, 1, 0.0, 0},
-    {1, 11008, 4096, 0.13478399813175201, 0.0, 9.306377560173125, 8.317766166719343, 0.03819683669325042, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1329600065946579, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.020941642494267162, 1, 0.0, 0},
-    {16, 4096, 4096, 0.13043199479579926, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04534560113753869, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13831999897956848, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04204667802282574, 1, 0.0, 0},
-    {4096, 16, 4096, 0.12992000579833984, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.041412543920503794, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13225600123405457, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03459094420016522, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2540160119533539, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.05727699030413654, 1, 0.0, 0},
-    {5, 4096, 4096, 0.12918399274349213, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03794691548142445, 1, 0.0, 0},
-    {3, 4096, 11008, 0.3331359922885895, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.044753114120411955, 1, 0.0, 0},
-    {4096, 4096, 512, 0.15600000321865082, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.025842703662618417, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.6432160139083862, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.024992030559117247, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3336799889802933, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.028721816356333345, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02067199908196926, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.046856031594819096, 1, 0.0, 0},
-    {16384, 4096, 64, 0.13814400136470795, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.007157973785304352, 1, 0.0, 0},
-    {256, 256, 32768, 0.9972800016403198, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09140543501486886, 1, 0.0, 0},
-    {512, 512, 16384, 0.502623975276947, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.06854812107096594, 1, 0.0, 0},
-    {128, 1024, 65536, 1.959119975566864, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.07149204954102069, 1, 0.0, 0},
-    {64, 64, 131072, 3.9054559469223022, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08407713744915266, 1, 0.0, 0},
-    {384, 384, 24576, 0.7411839962005615, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.07018347271856053, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.0431520342826843, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.016546808650980953, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.4560480117797852, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.03312748271060081, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05967999994754791, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03961003665963096, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4110880047082901, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03289926214596206, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.109439969062805, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.05342862523131985, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.0136480331420898, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.030547987009944266, 1, 0.0, 0},
-    {512, 512, 512, 0.15798400342464447, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013204947790919998, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.10480000078678131, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.017125481338823925, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.028271999210119247, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.35994783604272745, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07718399912118912, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06625109616419446, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08265600353479385, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.02657025522804832, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.1712000072002411, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.023998549239310777, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.195360004901886, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0631959081361262, 1, 0.0, 1},
+    {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03234989233865408, 1, 0.0, 0},
+    {512, 512, 512, 0.02300800010561943, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02546108635499223, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.038975998759269714, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.035564276427837695, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.143327996134758, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.036311101954122335, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.176144003868103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.046634062900077086, 1, 0.0, 0},
+    {8192, 8192, 8192, 8.608575820922852, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02970692564751292, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5172160267829895, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.01387380789660541, 1, 0.0, 0},
+    {1, 4096, 4096, 0.12982399761676788, 0.0, 8.317766166719343, 8.317766166719343, 0.043677979584144946, 1, 0.0, 0},
+    {16, 8192, 4096, 0.13158400356769562, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.02556490174114611, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2526400089263916, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.041013684626116924, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2520959973335266, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.025227499604496967, 1, 0.0, 0},
+    {8192, 128, 8192, 0.25679999589920044, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.006739900528763113, 1, 0.0, 0},
+    {4096, 32, 4096, 0.13126400113105774, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04847323287760554, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1298080012202263, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.012740893895162484, 1, 0.0, 0},
+    {1, 11008, 4096, 0.13478399813175201, 0.0, 9.306377560173125, 8.317766166719343, 0.03818448988962079, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1329600065946579, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.020929746224512387, 1, 0.0, 0},
+    {16, 4096, 4096, 0.13043199479579926, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04532818393532326, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13831999897956848, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.042037042407407355, 1, 0.0, 0},
+    {4096, 16, 4096, 0.12992000579833984, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.041395126718288544, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13225600123405457, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.034576676873031204, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2540160119533539, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.05725849130621714, 1, 0.0, 0},
+    {5, 4096, 4096, 0.12918399274349213, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.037929211248906664, 1, 0.0, 0},
+    {3, 4096, 11008, 0.3331359922885895, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.04473410387716851, 1, 0.0, 0},
+    {4096, 4096, 512, 0.15600000321865082, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.025841410253381186, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.6432160139083862, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.02499392131485347, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3336799889802933, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.028721483701991693, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02067199908196926, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0468597715301826, 1, 0.0, 0},
+    {16384, 4096, 64, 0.13814400136470795, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.007156317386378499, 1, 0.0, 0},
+    {256, 256, 32768, 0.9972800016403198, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.0913830268818077, 1, 0.0, 0},
+    {512, 512, 16384, 0.502623975276947, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.06852876852666404, 1, 0.0, 0},
+    {128, 1024, 65536, 1.959119975566864, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.07147043427151542, 1, 0.0, 0},
+    {64, 64, 131072, 3.9054559469223022, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08405365463338117, 1, 0.0, 0},
+    {384, 384, 24576, 0.7411839962005615, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0701623364825005, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.0431520342826843, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.016539356344672344, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.4560480117797852, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.03313708462935693, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05967999994754791, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.039608788560594674, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4110880047082901, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03289933279877887, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.109439969062805, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.05343066882137416, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.0136480331420898, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.03054960029502511, 1, 0.0, 0},
+    {512, 512, 512, 0.15798400342464447, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0132036543816827, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.10480000078678131, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.017125608586805247, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.028271999210119247, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3599515759780911, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07718399912118912, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06625012061537001, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08265600353479385, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.026567610753782223, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.1712000072002411, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02399797759732606, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.195360004901886, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06319747249327358, 1, 0.0, 1},
 };
 static const Point fp32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.2850399911403656, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.056359960808366256, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1658560037612915, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.09375765903805175, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.931504011154175, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02476587270030442, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04294399917125702, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.07928802262298723, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13353599607944489, 8.317766166719343, 0.0, 8.317766166719343, 0.09077441281343053, 1, 0.0, 0},
-    {1, 4096, 4096, 0.13963200151920319, 0.0, 8.317766166719343, 8.317766166719343, 0.13541373906483134, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1486400067806244, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09196667065457423, 1, 0.0, 0},
-    {8, 6144, 6144, 0.20206400007009506, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.01970526620260719, 1, 0.0, 0},
-    {4096, 12, 4096, 0.12460800260305405, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.007340027051542208, 1, 0.0, 0},
-    {13, 5000, 3001, 0.10294400155544281, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06970948658319244, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.130303978919983, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007828000439396132, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04476799815893173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10515345750405673, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2850399911403656, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.05633756468930778, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1658560037612915, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.09376407405735265, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.931504011154175, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.024765801501279487, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04294399917125702, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.07930688037693388, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13353599607944489, 8.317766166719343, 0.0, 8.317766166719343, 0.09091839168554496, 1, 0.0, 0},
+    {1, 4096, 4096, 0.13963200151920319, 0.0, 8.317766166719343, 8.317766166719343, 0.13555771793694582, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1486400067806244, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09189379854259495, 1, 0.0, 0},
+    {8, 6144, 6144, 0.20206400007009506, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.019835540106834637, 1, 0.0, 0},
+    {4096, 12, 4096, 0.12460800260305405, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.007480011845338695, 1, 0.0, 0},
+    {13, 5000, 3001, 0.10294400155544281, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06982572571003196, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.130303978919983, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007819847153561193, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04476799815893173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10516644577911206, 1, 0.0, 0},
 };
 static const Point fp32_3_aligned[] = {
-    {1, 4096, 4096, 0.04164800047874451, 0.0, 8.317766166719343, 8.317766166719343, 0.026426274723979647, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06747199967503548, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0023240363546337124, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08713600039482117, 0.0, 9.306377560173125, 8.317766166719343, -0.0050801456774797315, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08787199854850769, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.003330926927328349, 1, 0.0, 0},
-    {16, 4096, 4096, 0.03968000039458275, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.02197979266245396, 1, 0.0, 0},
-    {4, 14336, 4096, 0.110944002866745, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0022611592078648247, 1, 0.0, 0},
-    {4096, 16, 4096, 0.039824001491069794, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.018357301956524803, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06769600138068199, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0009903858304868992, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06486400216817856, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.027240064622043765, 1, 0.0, 0},
-    {5, 4096, 4096, 0.041600000113248825, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.025273084966297463, 1, 0.0, 0},
-    {3, 4096, 11008, 0.088128000497818, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.021827636818141854, 1, 0.0, 0},
-};
-static const Point fp32_3_unaligned[] = {
-    {4096, 1, 4096, 0.0414079986512661, 8.317766166719343, 0.0, 8.317766166719343, -0.11828531787118533, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04190399870276451, 0.0, 8.317766166719343, 8.317766166719343, -0.10637812736976382, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11388800293207169, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.04325389484459408, 1, 0.0, 0},
-    {8, 6144, 6144, 0.09241600334644318, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.0016452906898754608, 1, 0.0, 0},
-    {4096, 12, 4096, 0.04665600135922432, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.0010421813412862858, 1, 0.0, 0},
-    {13, 5000, 3001, 0.06483200192451477, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.42443726151200456, 1, 0.0, 0},
-};
-static const Point fp32_4_aligned[] = {
     {256, 256, 256, 0.009759999811649323, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07361677235178661, 1, 0.0, 0},
     {512, 512, 512, 0.0122079998254776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03463226755561058, 1, 0.0, 0},
     {1024, 1024, 1024, 0.045552000403404236, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.029469393974450437, 1, 0.0, 0},
@@ -19318,158 +19297,448 @@ static const Point fp32_4_aligned[] = {
     {2048, 2048, 256, 0.630048006772995, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.31972067560983836, 8, 2.0794415416798357, 0},
     {4092, 4092, 4092, 2.191327929496765, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.026141634357221392, 1, 0.0, 1},
 };
+static const Point fp32_3_unaligned[] = {
+    {2047, 2047, 2047, 0.3227680027484894, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03150810459895831, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.16990400105714798, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08917241190593865, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.290575981140137, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.003544745840880211, 1, 0.0, 0},
+    {127, 4099, 1023, 0.036320000886917114, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.023588747884554343, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04713600128889084, 8.317766166719343, 0.0, 8.317766166719343, -0.052391953562479374, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07619199901819229, 0.0, 8.317766166719343, 8.317766166719343, 0.4278274362316989, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14974399656057358, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.21380307903274037, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11366400122642517, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.026262270717848847, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07363200187683105, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.38839327840362964, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06249599903821945, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.07265754619471351, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.222864031791687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0518338432122729, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05915199965238571, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.015543287621726961, 1, 0.0, 0},
+};
+static const Point fp32_4_aligned[] = {
+    {1, 4096, 4096, 0.0414079986512661, 0.0, 8.317766166719343, 8.317766166719343, 0.019141407948241335, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06753600016236305, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0017847071667754723, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08689599856734276, 0.0, 9.306377560173125, 8.317766166719343, -0.007944427852604545, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08799999952316284, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.004680396401541715, 1, 0.0, 0},
+    {16, 4096, 4096, 0.03995199874043465, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.016653956347923334, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11091200262308121, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.00211518261267076, 1, 0.0, 0},
+    {4096, 16, 4096, 0.039792001247406006, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.020666739949165062, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06787200272083282, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0031781198589631173, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06472000107169151, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.02954821781885686, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04182400181889534, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0291377225727092, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08824000135064125, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.02351353213603946, 1, 0.0, 0},
+};
 static const Point fp32_4_unaligned[] = {
-    {2047, 2047, 2047, 0.3227680027484894, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03125236978642705, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16990400105714798, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08951540415071287, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.290575981140137, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0033357660308428213, 1, 0.0, 0},
-    {127, 4099, 1023, 0.036320000886917114, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0241325367373883, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04713600128889084, 8.317766166719343, 0.0, 8.317766166719343, -0.053188341672656375, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07619199901819229, 0.0, 8.317766166719343, 8.317766166719343, 0.42703104812152193, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14974399656057358, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.21359145511639174, 1, 0.0, 0},
-    {8, 6144, 6144, 0.11366400122642517, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.026564627855943317, 1, 0.0, 0},
-    {4096, 12, 4096, 0.07363200187683105, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.38755837608937765, 1, 0.0, 0},
-    {13, 5000, 3001, 0.06249599903821945, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.07294977913212734, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.222864031791687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0519536387090446, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05915199965238571, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.015407972147027662, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04137599840760231, 8.317766166719343, 0.0, 8.317766166719343, -0.11902346100142291, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04188799858093262, 0.0, 8.317766166719343, 8.317766166719343, -0.10672506925501629, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11311999708414078, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03867316159188439, 1, 0.0, 0},
+    {8, 6144, 6144, 0.09267199784517288, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.0030202274935093388, 1, 0.0, 0},
+    {4096, 12, 4096, 0.04667200148105621, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.0014200197538112907, 1, 0.0, 0},
+    {13, 5000, 3001, 0.0650240033864975, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.42705805497138305, 1, 0.0, 0},
 };
 static const Point fp32_5_aligned[] = {
-    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2518286806923779, 1, 0.0, 0},
-    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09579503198099859, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.015801221801666442, 1, 0.0, 0},
-    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.10703637289434514, 1, 0.0, 0},
-    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.31486403516370837, 1, 0.0, 0},
-    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.2558612831354549, 1, 0.0, 0},
-    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.15996424952565616, 1, 0.0, 0},
-    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.07331720899627614, 1, 0.0, 0},
-    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.13890374855798815, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.165636675109593, 1, 0.0, 0},
-    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.13812607172047703, 1, 0.0, 0},
-    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.14421587260008245, 1, 0.0, 0},
-    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.002125469417065824, 1, 0.0, 0},
-    {80, 8192, 4096, 0.7481279969215393, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1594064922093886, 1, 0.0, 0},
-    {1, 11008, 4096, 0.41547200083732605, 0.0, 9.306377560173125, 8.317766166719343, 0.018901866363025942, 1, 0.0, 0},
-    {8, 11008, 4096, 0.4232960045337677, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.024418484991397704, 1, 0.0, 0},
-    {16, 4096, 4096, 0.18960000574588776, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07195484898176258, 1, 0.0, 0},
-    {4, 14336, 4096, 0.538351982831955, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.023188170225347655, 1, 0.0, 0},
-    {4096, 16, 4096, 0.17372800409793854, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.015470889833188927, 1, 0.0, 0},
-    {6, 8192, 4096, 0.31331199407577515, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.006482444927062122, 1, 0.0, 0},
-    {12, 4096, 8192, 0.21052800118923187, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0974375944165254, 1, 0.0, 0},
-    {5, 4096, 4096, 0.15833599865436554, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0902102830888964, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1947679966688156, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.006587106122238846, 1, 0.0, 0},
-    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.28413176506177595, 1, 0.0, 0},
-    {5120, 7168, 1024, 26.56716823577881, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.31184387590545676, 1, 0.0, 0},
-    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.2915051789285291, 1, 0.0, 0},
-    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03134543683767598, 1, 0.0, 0},
-    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.27803306060786687, 1, 0.0, 0},
-    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06867414577327735, 1, 0.0, 0},
-    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.024882163262424595, 1, 0.0, 0},
-    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.015367909817949492, 1, 0.0, 0},
-    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0050090359839651865, 1, 0.0, 0},
-    {384, 384, 24576, 0.19236800074577332, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.0055316067015878405, 1, 0.0, 0},
-    {1280, 1920, 16384, 2.483791947364807, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.09458133586199277, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.855184018611908, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.01460327780704543, 1, 0.0, 0},
-    {1536, 2560, 768, 2.193951964378357, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.05057519612131088, 1, 0.0, 0},
-    {2048, 5632, 2048, 7.59768009185791, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.16776549438348937, 1, 0.0, 0},
-    {4096, 11008, 4096, 39.369184494018555, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.36617725732142775, 1, 0.0, 0},
-    {1024, 14336, 4096, 13.190688133239746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.39249706539767015, 1, 0.0, 0},
-    {512, 512, 512, 11.522559642791748, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2814692181984517, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 22.32022476196289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.26965616642674667, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 2.2596160173416138, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.04665756057850508, 256, 5.545177444479562, 0},
-    {512, 512, 64, 22.186671257019043, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2667606519526964, 128, 4.852030263919617, 0},
-    {512, 64, 512, 2.3452320098876953, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06563151319999616, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 22.59183979034424, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.2755685647218658, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5001491331466578, 1, 0.0, 1},
+    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.25184713982371565, 1, 0.0, 0},
+    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09582031976384259, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.015773231571292547, 1, 0.0, 0},
+    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.10700955131543329, 1, 0.0, 0},
+    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.3148410366329416, 1, 0.0, 0},
+    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.2558445778019802, 1, 0.0, 0},
+    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.15993968273555012, 1, 0.0, 0},
+    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.07326917052243401, 1, 0.0, 0},
+    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1389376772320857, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16562204108441134, 1, 0.0, 0},
+    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.13810990314409852, 1, 0.0, 0},
+    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.14419970402370383, 1, 0.0, 0},
+    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.002138525460253987, 1, 0.0, 0},
+    {80, 8192, 4096, 0.7481279969215393, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.15941208875128485, 1, 0.0, 0},
+    {1, 11008, 4096, 0.41547200083732605, 0.0, 9.306377560173125, 8.317766166719343, 0.0189564659452623, 1, 0.0, 0},
+    {8, 11008, 4096, 0.4232960045337677, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02446369562156122, 1, 0.0, 0},
+    {16, 4096, 4096, 0.18960000574588776, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07198552032850114, 1, 0.0, 0},
+    {4, 14336, 4096, 0.538351982831955, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.023239725853985392, 1, 0.0, 0},
+    {4096, 16, 4096, 0.17372800409793854, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.015440218486450188, 1, 0.0, 0},
+    {6, 8192, 4096, 0.31331199407577515, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.006435816975665584, 1, 0.0, 0},
+    {12, 4096, 8192, 0.21052800118923187, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.09747166875039608, 1, 0.0, 0},
+    {5, 4096, 4096, 0.15833599865436554, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09016696014731992, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1947679966688156, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.006544337184483691, 1, 0.0, 0},
+    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.2841012295900394, 1, 0.0, 0},
+    {5120, 7168, 1024, 26.56716823577881, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.311814532189177, 1, 0.0, 0},
+    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.29147394239987495, 1, 0.0, 0},
+    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03131419378368496, 1, 0.0, 0},
+    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2780013335079105, 1, 0.0, 0},
+    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06867473164139612, 1, 0.0, 0},
+    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.02487457458754077, 1, 0.0, 0},
+    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.015375404251241767, 1, 0.0, 0},
+    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.005009381809954541, 1, 0.0, 0},
+    {384, 384, 24576, 0.19236800074577332, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.005535043764599329, 1, 0.0, 0},
+    {1280, 1920, 16384, 2.483791947364807, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.09457309893698423, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.855184018611908, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.014608765811400866, 1, 0.0, 0},
+    {1536, 2560, 768, 2.193951964378357, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.05054554066765087, 1, 0.0, 0},
+    {2048, 5632, 2048, 7.59768009185791, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.16773851831607095, 1, 0.0, 0},
+    {4096, 11008, 4096, 39.369184494018555, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.3661542307514346, 1, 0.0, 0},
+    {1024, 14336, 4096, 13.190688133239746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.39247408371369136, 1, 0.0, 0},
+    {512, 512, 512, 11.522559642791748, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2814386827267152, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 22.32022476196289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.26962462542631743, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 2.2596160173416138, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.04662631752451396, 256, 5.545177444479562, 0},
+    {512, 512, 64, 22.186671257019043, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.26672894662449853, 128, 4.852030263919617, 0},
+    {512, 64, 512, 2.3452320098876953, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06560121828755507, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 22.59183979034424, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.27553734933826163, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5001262719965628, 1, 0.0, 1},
 };
 static const Point fp32_5_unaligned[] = {
-    {2047, 2047, 2047, 3.2127360105514526, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.05942344023415086, 1, 0.0, 0},
-    {1531, 1531, 1531, 1.8481119871139526, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.09307305049045572, 1, 0.0, 0},
-    {5003, 5003, 5003, 24.675856590270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.22485582100771687, 1, 0.0, 0},
-    {127, 4099, 1023, 0.4060800075531006, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.033596912075546444, 1, 0.0, 0},
-    {4096, 1, 4096, 0.17049600183963776, 8.317766166719343, 0.0, 8.317766166719343, 0.3849998192710694, 1, 0.0, 0},
-    {1, 4096, 4096, 0.12038400024175644, 0.0, 8.317766166719343, 8.317766166719343, 0.0369746081301133, 1, 0.0, 0},
-    {16, 11008, 4096, 0.3600800037384033, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.072653457566628, 1, 0.0, 0},
-    {8, 6144, 6144, 0.18595199286937714, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.012142791008811412, 1, 0.0, 0},
-    {4096, 12, 4096, 0.234095998108387, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.5474828492573347, 1, 0.0, 0},
-    {13, 5000, 3001, 0.15163200348615646, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.0357660139636757, 1, 0.0, 0},
-    {4096, 4096, 4096, 15.913887977600098, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.21997991203254855, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.8340480029582977, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.09916702122265338, 1, 0.0, 0},
+    {2047, 2047, 2047, 3.2127360105514526, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.05683072027596291, 1, 0.0, 0},
+    {1531, 1531, 1531, 1.8481119871139526, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.09058282677094193, 1, 0.0, 0},
+    {5003, 5003, 5003, 24.675856590270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.22195231511082317, 1, 0.0, 0},
+    {127, 4099, 1023, 0.4060800075531006, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.03143325888403849, 1, 0.0, 0},
+    {4096, 1, 4096, 0.17049600183963776, 8.317766166719343, 0.0, 8.317766166719343, 0.3862316327788778, 1, 0.0, 0},
+    {1, 4096, 4096, 0.12038400024175644, 0.0, 8.317766166719343, 8.317766166719343, 0.03820642163792172, 1, 0.0, 0},
+    {16, 11008, 4096, 0.3600800037384033, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07227309959461167, 1, 0.0, 0},
+    {8, 6144, 6144, 0.18595199286937714, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.01206028417985871, 1, 0.0, 0},
+    {4096, 12, 4096, 0.234095998108387, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.5476848453934346, 1, 0.0, 0},
+    {13, 5000, 3001, 0.15163200348615646, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.035515794742474856, 1, 0.0, 0},
+    {4096, 4096, 4096, 15.913887977600098, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.21713410790732346, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.8340480029582977, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.09681316157579993, 1, 0.0, 0},
 };
 static const Point fp32_6_aligned[] = {
-    {256, 256, 256, 0.014720000326633453, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.017359355043575216, 1, 0.0, 0},
-    {512, 512, 512, 0.0191040001809597, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.010943324068529714, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.030848000198602676, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.008495015031060923, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1695680022239685, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05193506911187837, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2813600301742554, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0021214901279946875, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.747951984405518, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.006226076708550527, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5409600138664246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.010554409114683154, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07420799881219864, 0.0, 8.317766166719343, 8.317766166719343, -0.004788750565627336, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07947200164198875, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.008430514350219034, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1391039937734604, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.017520687022369606, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15783999860286713, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0069160433953252606, 1, 0.0, 0},
-    {8192, 128, 8192, 0.15724800527095795, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010673685839363239, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07428799942135811, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.01623246944193942, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08240000158548355, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0034414488934511175, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1475200057029724, 0.0, 9.306377560173125, 8.317766166719343, 0.012246133413969568, 1, 0.0, 0},
-    {8, 11008, 4096, 0.14483200013637543, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.010048044852587961, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07587199658155441, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.011308745678216667, 1, 0.0, 0},
-    {4, 14336, 4096, 0.15959999710321426, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.07040720054730683, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07518399879336357, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0021995071620004676, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07996799796819687, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.022373541666947095, 1, 0.0, 0},
-    {12, 4096, 8192, 0.13831999897956848, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.002351569750318076, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07446400076150894, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.002969373684606446, 1, 0.0, 0},
-    {3, 4096, 11008, 0.17932799458503723, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.013734693041821625, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24380800127983093, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.053840198237048026, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8553119897842407, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0013940507605759351, 1, 0.0, 0},
-    {8192, 8192, 256, 0.7175680100917816, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.01121182954137049, 1, 0.0, 0},
-    {2048, 2048, 128, 0.04531199857592583, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09777961841878668, 1, 0.0, 0},
-    {16384, 4096, 64, 0.5498400032520294, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.11041537656328419, 1, 0.0, 0},
-    {256, 256, 32768, 0.5083839893341064, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.01889229502192929, 1, 0.0, 0},
-    {512, 512, 16384, 0.2574400007724762, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.029466500488574368, 1, 0.0, 0},
-    {128, 1024, 65536, 0.9927359819412231, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.007138849939379235, 1, 0.0, 0},
-    {64, 64, 131072, 1.997040033340454, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.029596806235486463, 1, 0.0, 0},
-    {384, 384, 24576, 0.38014400005340576, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.008069589469431234, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8261759877204895, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05174133958751233, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8993119895458221, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.007766450741018208, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09366399794816971, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08511307839235627, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4699519872665405, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02366248087917487, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.6158559322357178, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06869008050576175, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1770400404930115, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.045857407190635316, 1, 0.0, 0},
-    {512, 512, 512, 0.24798399955034256, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.036857007635543414, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.32236799597740173, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1097208304637372, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.05350400134921074, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2639641944549662, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.3012959957122803, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17787894578621294, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.13264000415802002, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07084497873548613, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.3580799996852875, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.011469949467759389, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.2951840162277222, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.008958633931531916, 1, 0.0, 1},
+    {256, 256, 256, 0.014720000326633453, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.017354383556284488, 1, 0.0, 0},
+    {512, 512, 512, 0.0191040001809597, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.010947321797370197, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.030848000198602676, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.008493155602983783, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1695680022239685, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05193404943644258, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2813600301742554, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.002119547945713351, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.747951984405518, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.006228909075839632, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5409600138664246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.010553353439146887, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07420799881219864, 0.0, 8.317766166719343, 8.317766166719343, -0.0048107321535364525, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07947200164198875, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.008420123685559732, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1391039937734604, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.017541362274517584, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15783999860286713, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0069142685923575305, 1, 0.0, 0},
+    {8192, 128, 8192, 0.15724800527095795, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010671911036395676, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07428799942135811, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.016252514660683542, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08240000158548355, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0034450822550352693, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1475200057029724, 0.0, 9.306377560173125, 8.317766166719343, 0.012227428618837136, 1, 0.0, 0},
+    {8, 11008, 4096, 0.14483200013637543, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.010066155941438632, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07587199658155441, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.011287707098912579, 1, 0.0, 0},
+    {4, 14336, 4096, 0.15959999710321426, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.07039297848311263, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07518399879336357, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.002178468582696393, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07996799796819687, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.022362034617220222, 1, 0.0, 0},
+    {12, 4096, 8192, 0.13831999897956848, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0023762344007095594, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07446400076150894, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.002991102681164385, 1, 0.0, 0},
+    {3, 4096, 11008, 0.17932799458503723, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.01376105774031381, 1, 0.0, 0},
+    {4096, 4096, 512, 0.24380800127983093, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.053841044382452796, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8553119897842407, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0013931357801010573, 1, 0.0, 0},
+    {8192, 8192, 256, 0.7175680100917816, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.01120959259197014, 1, 0.0, 0},
+    {2048, 2048, 128, 0.04531199857592583, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09777521254039212, 1, 0.0, 0},
+    {16384, 4096, 64, 0.5498400032520294, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1104107265253624, 1, 0.0, 0},
+    {256, 256, 32768, 0.5083839893341064, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.018854078795105096, 1, 0.0, 0},
+    {512, 512, 16384, 0.2574400007724762, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.029494418137692237, 1, 0.0, 0},
+    {128, 1024, 65536, 0.9927359819412231, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.00717445380179882, 1, 0.0, 0},
+    {64, 64, 131072, 1.997040033340454, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.029554627110368093, 1, 0.0, 0},
+    {384, 384, 24576, 0.38014400005340576, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.008103427352123002, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8261759877204895, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.051746983324860454, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8993119895458221, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.007768937372939926, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09366399794816971, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08511189132237428, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4699519872665405, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.023661178327552095, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.6158559322357178, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06869277308726372, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1770400404930115, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04585934014072666, 1, 0.0, 0},
+    {512, 512, 512, 0.24798399955034256, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03685785378094814, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.32236799597740173, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.10971756080997722, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.05350400134921074, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.26395978857657165, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.3012959957122803, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17787481671015593, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.13264000415802002, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07084959541920911, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.3580799996852875, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.011472022333661827, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.2951840162277222, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.008960517756326999, 1, 0.0, 1},
 };
 static const Point fp32_6_unaligned[] = {
-    {2047, 2047, 2047, 0.3137440085411072, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04325457456766001, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1663680002093315, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.026213468934114314, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.382032155990601, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.029130630658623678, 1, 0.0, 0},
-    {127, 4099, 1023, 0.035711999982595444, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.045221177141993106, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07574400305747986, 8.317766166719343, 0.0, 8.317766166719343, 0.0817620404913108, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07711999863386154, 0.0, 8.317766166719343, 8.317766166719343, 0.09976539938160957, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1507359966635704, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.035280036034973795, 1, 0.0, 0},
-    {8, 6144, 6144, 0.11484800279140472, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.05094103966912647, 1, 0.0, 0},
-    {4096, 12, 4096, 0.07340800017118454, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.01376896184690785, 1, 0.0, 0},
-    {13, 5000, 3001, 0.0631519965827465, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.04994909706840596, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.317344069480896, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0010957496256254532, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.059696000069379807, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05819826919435036, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3137440085411072, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04327535447804111, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1663680002093315, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.02632800441328617, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.382032155990601, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.029014249691011452, 1, 0.0, 0},
+    {127, 4099, 1023, 0.035711999982595444, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.04520913600468588, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07574400305747986, 8.317766166719343, 0.0, 8.317766166719343, 0.08217146273054779, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07711999863386154, 0.0, 8.317766166719343, 8.317766166719343, 0.10017482162084655, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1507359966635704, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.034975510692903965, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11484800279140472, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.05070775290283349, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07340800017118454, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.014145007278680871, 1, 0.0, 0},
+    {13, 5000, 3001, 0.0631519965827465, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.05016068900968584, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.317344069480896, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0009873671884408522, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.059696000069379807, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05814846721844717, 1, 0.0, 0},
 };
 static const Point fp32_7_aligned[] = {
-    {1, 4096, 4096, 0.0363520011305809, 0.0, 8.317766166719343, 8.317766166719343, -0.02465503812192672, 1, 0.0, 0},
-    {16, 8192, 4096, 0.16838400065898895, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3937325134766714, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07356800138950348, 0.0, 9.306377560173125, 8.317766166719343, 0.09672863267248917, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10047999769449234, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03128451105194863, 1, 0.0, 0},
-    {16, 4096, 4096, 0.09004800021648407, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.30056198033041015, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09383999928832054, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.07935344098040796, 1, 0.0, 0},
-    {4096, 16, 4096, 0.09017600119113922, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.301982445919654, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07519999891519547, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.011174082804186858, 1, 0.0, 0},
-    {12, 4096, 8192, 0.1634719967842102, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.5127539821996432, 1, 0.0, 0},
-    {5, 4096, 4096, 0.044256001710891724, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.01895081410605372, 1, 0.0, 0},
-    {3, 4096, 11008, 0.07905599847435951, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.008762048350878055, 1, 0.0, 0},
+    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.21166961868736234, 1, 0.0, 0},
+    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09905753993905872, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.1462395911868109, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.060396962422312336, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07407564901634478, 1, 0.0, 0},
+    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.023047002991453156, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.014654777281549713, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, 0.0009234582383616139, 1, 0.0, 0},
+    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.007961077898283486, 1, 0.0, 0},
+    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03497952064887964, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.005245955090328009, 1, 0.0, 0},
+    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01001333216519691, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.045157108047467004, 1, 0.0, 0},
+    {80, 8192, 4096, 0.16672000288963318, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.004569180041185712, 1, 0.0, 0},
+    {1, 11008, 4096, 0.15865600109100342, 0.0, 9.306377560173125, 8.317766166719343, 0.018991986276468108, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1595359966158867, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.01006497804983892, 1, 0.0, 0},
+    {16, 4096, 4096, 0.0759039968252182, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05879025157884073, 1, 0.0, 0},
+    {4, 14336, 4096, 0.20147199928760529, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.021893531707745488, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07286400347948074, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.017915647104326343, 1, 0.0, 0},
+    {6, 8192, 4096, 0.12031999975442886, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03320949827762168, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10688000172376633, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03326485996851588, 1, 0.0, 0},
+    {5, 4096, 4096, 0.0695360004901886, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.016957371148715098, 1, 0.0, 0},
+    {3, 4096, 11008, 0.12505599856376648, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.002816493930779023, 1, 0.0, 0},
+    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.43245043622856366, 1, 0.0, 0},
+    {5120, 7168, 1024, 6.7358880043029785, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.42332623550392806, 1, 0.0, 0},
+    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.4448241201886969, 1, 0.0, 0},
+    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11908130579245996, 1, 0.0, 0},
+    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4547215876146841, 1, 0.0, 0},
+    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.006928009526691748, 1, 0.0, 0},
+    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.010479503876696897, 1, 0.0, 0},
+    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.008690274547417604, 1, 0.0, 0},
+    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.003873920965155372, 1, 0.0, 0},
+    {384, 384, 24576, 0.10732799768447876, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.00918325975439336, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9260640144348145, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.02544455557201171, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.0524320006370544, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.045812174361661476, 1, 0.0, 0},
+    {1536, 2560, 768, 0.5644640028476715, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.1563947448901908, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.858303964138031, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.15382460131214637, 1, 0.0, 0},
+    {4096, 11008, 4096, 8.453775882720947, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0886779537987939, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.889039993286133, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.13241699385423733, 1, 0.0, 0},
+    {512, 512, 512, 3.079584002494812, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.43626082172216085, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 6.101775884628296, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.44393713285471115, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.5951359868049622, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16676441601102457, 256, 5.545177444479562, 0},
+    {512, 512, 64, 6.131088018417358, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4508935847929206, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.6523360013961792, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.119378991286038, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 5.969056129455566, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.417631918550373, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.315297711927126, 1, 0.0, 1},
 };
 static const Point fp32_7_unaligned[] = {
+    {2047, 2047, 2047, 0.9410719871520996, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.08950972476139009, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.5342880189418793, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.03966656824976239, 1, 0.0, 0},
+    {5003, 5003, 5003, 8.367072105407715, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.015767648278818793, 1, 0.0, 0},
+    {127, 4099, 1023, 0.1199679970741272, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.17933486522508651, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07248000055551529, 8.317766166719343, 0.0, 8.317766166719343, -0.0022337888844269475, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07532799988985062, 0.0, 8.317766166719343, 8.317766166719343, 0.03630745189200314, 1, 0.0, 0},
+    {16, 11008, 4096, 0.17657600343227386, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.020571484219242958, 1, 0.0, 0},
+    {8, 6144, 6144, 0.12348800152540207, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.021938686225000913, 1, 0.0, 0},
+    {4096, 12, 4096, 0.12059200182557106, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.37458806266855044, 1, 0.0, 0},
+    {13, 5000, 3001, 0.08276799693703651, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.008140430942924923, 1, 0.0, 0},
+    {4096, 4096, 4096, 5.599711894989014, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.10904136732500695, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.2351519986987114, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.07178617577857298, 1, 0.0, 0},
+};
+static const Point fp32_8_aligned[] = {
+    {1, 4096, 4096, 0.03855999931693077, 0.0, 8.317766166719343, 8.317766166719343, -0.0035351396449267796, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12009599804878235, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.18003406249539886, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07622399926185608, 0.0, 9.306377560173125, 8.317766166719343, 0.06956930941067815, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08750400319695473, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.08829251546124474, 1, 0.0, 0},
+    {16, 4096, 4096, 0.0629120022058487, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.020864070210179744, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10241599753499031, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.04585358781706016, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06272000074386597, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.023920641895067693, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07804799824953079, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.06069682152840622, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10449599847197533, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.08070599599181627, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04428799822926521, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.027168081207318975, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08479999750852585, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.023572784005650018, 1, 0.0, 0},
+};
+static const Point fp32_8_unaligned[] = {
+    {4096, 1, 4096, 0.0382080003619194, 8.317766166719343, 0.0, 8.317766166719343, -0.05062612151191744, 1, 0.0, 0},
+    {1, 4096, 4096, 0.039264000952243805, 0.0, 8.317766166719343, 8.317766166719343, -0.023362955973561736, 1, 0.0, 0},
+    {16, 11008, 4096, 0.21060799807310104, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.24375163587745657, 1, 0.0, 0},
+    {8, 6144, 6144, 0.08982399851083755, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.09376045835955703, 1, 0.0, 0},
+    {4096, 12, 4096, 0.09030400216579437, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.11636355089937413, 1, 0.0, 0},
+    {13, 5000, 3001, 0.08022399991750717, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.2412348015142031, 1, 0.0, 0},
+};
+static const Point fp32_9_aligned[] = {
+    {256, 256, 256, 0.011247999966144562, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.04451998276851948, 1, 0.0, 0},
+    {512, 512, 512, 0.01724799908697605, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.011323403230890773, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.029440000653266907, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.002908312642565274, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.18665599822998047, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04010977832111828, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5137920379638672, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0066914396798467965, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.469600200653076, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.05871162911470874, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6177759766578674, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012306580176925602, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09443199634552002, 0.0, 8.317766166719343, 8.317766166719343, -0.018729845281112878, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12195199728012085, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.22856843056709708, 1, 0.0, 0},
+    {64, 4096, 8192, 0.18201600015163422, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.028961108972332002, 1, 0.0, 0},
+    {128, 8192, 8192, 0.19404799491167068, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.011837562007731853, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1953440010547638, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.018494149415968227, 1, 0.0, 0},
+    {4096, 32, 4096, 0.09387199953198433, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.026016508159659692, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09830400347709656, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0017331405164035488, 1, 0.0, 0},
+    {1, 11008, 4096, 0.21961599588394165, 0.0, 9.306377560173125, 8.317766166719343, 0.15805289924745197, 1, 0.0, 0},
+    {8, 11008, 4096, 0.21239999681711197, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.12378179534993289, 1, 0.0, 0},
+    {16, 4096, 4096, 0.09238400310277939, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.04199481829128144, 1, 0.0, 0},
+    {4, 14336, 4096, 0.24567999690771103, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2673047209163122, 1, 0.0, 0},
+    {4096, 16, 4096, 0.09180799871683121, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.047535399269316374, 1, 0.0, 0},
+    {6, 8192, 4096, 0.1298080012202263, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2927702431523608, 1, 0.0, 0},
+    {12, 4096, 8192, 0.18004799634218216, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03505069146501349, 1, 0.0, 0},
+    {5, 4096, 4096, 0.09363199770450592, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.027594826436357897, 1, 0.0, 0},
+    {3, 4096, 11008, 0.23695999383926392, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.046533005106624864, 1, 0.0, 0},
+    {4096, 4096, 512, 0.19755200296640396, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03415812955264328, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8460800051689148, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.02685468193159481, 1, 0.0, 0},
+    {8192, 8192, 256, 0.4230400025844574, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0024486073765061078, 1, 0.0, 0},
+    {2048, 2048, 128, 0.022495999932289124, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10349467179483582, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1467839926481247, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.020710129159295553, 1, 0.0, 0},
+    {256, 256, 32768, 0.7032639980316162, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.028849859174665454, 1, 0.0, 0},
+    {512, 512, 16384, 0.34886400401592255, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.05197539124682157, 1, 0.0, 0},
+    {128, 1024, 65536, 1.3702080249786377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.053038837553160106, 1, 0.0, 0},
+    {64, 64, 131072, 2.7297279834747314, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.0504183827883997, 1, 0.0, 0},
+    {384, 384, 24576, 0.5209759771823883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.04686298936862312, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.045311987400055, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.06260521588684038, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1138079762458801, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0053845419112163225, 1, 0.0, 0},
+    {1536, 2560, 768, 0.07449600100517273, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.047668170443978725, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5247040092945099, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0006004671825408234, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.954032063484192, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0030793430981357266, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3473439812660217, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.023235972839066005, 1, 0.0, 0},
+    {512, 512, 512, 0.20507200062274933, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0032011546303589255, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.1276160031557083, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.01986075734783715, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.027168000116944313, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2921969736099128, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.08073599636554718, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.025495564236177753, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07311999797821045, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.283199947161352, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.21244800090789795, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02539477740486394, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5550079941749573, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.033622890203114236, 1, 0.0, 1},
+};
+static const Point fp32_9_unaligned[] = {
+    {2047, 2047, 2047, 0.2787040024995804, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03263565814414041, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.16488000005483627, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07100930975515421, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.9801119565963745, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04553321340590176, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04379200004041195, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.06756813642882122, 1, 0.0, 0},
+    {4096, 1, 4096, 0.09443199634552002, 8.317766166719343, 0.0, 8.317766166719343, 0.12127939386930621, 1, 0.0, 0},
+    {1, 4096, 4096, 0.14070400595664978, 0.0, 8.317766166719343, 8.317766166719343, 0.5189963034628741, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14659200608730316, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.1613698047357873, 1, 0.0, 0},
+    {8, 6144, 6144, 0.20160000026226044, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.45802293976200464, 1, 0.0, 0},
+    {4096, 12, 4096, 0.12460800260305405, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.3869565659147842, 1, 0.0, 0},
+    {13, 5000, 3001, 0.10265599936246872, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.37801234545720536, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.1067999601364136, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007042831361731446, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08049494126270924, 1, 0.0, 0},
+};
+static const Point fp32_10_aligned[] = {
+    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.4036054958506522, 1, 0.0, 0},
+    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0013102190060400786, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05694746537962017, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05826698894267366, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0062244403362053695, 1, 0.0, 0},
+    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.015966849091636703, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08033117691387588, 1, 0.0, 0},
+    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, 0.0260184547825972, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.003478149940124393, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023313737737028998, 1, 0.0, 0},
+    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.04719677797945369, 1, 0.0, 0},
+    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0356205592824043, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0247872734791738, 1, 0.0, 0},
+    {80, 8192, 4096, 0.10633599758148193, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.013286731996096281, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12867200374603271, 0.0, 9.306377560173125, 8.317766166719343, -0.010707111791000083, 1, 0.0, 0},
+    {8, 11008, 4096, 0.12745599448680878, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03261743513058918, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05423999950289726, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.035473001897001394, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1525759994983673, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.00021561595676987668, 1, 0.0, 0},
+    {4096, 16, 4096, 0.052928000688552856, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.010986879840197094, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09159999713301659, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.005993830971514516, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08284799754619598, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.006529818883571029, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05119999870657921, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0038922654266556394, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1058880016207695, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.021395151335944496, 1, 0.0, 0},
+    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.21201428780916803, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.8121439814567566, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.06568426158868079, 1, 0.0, 0},
+    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.3204143100976445, 1, 0.0, 0},
+    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0785643594173739, 1, 0.0, 0},
+    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.3567205754963883, 1, 0.0, 0},
+    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.0629440328059553, 1, 0.0, 0},
+    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08076323247705498, 1, 0.0, 0},
+    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0028078633960740723, 1, 0.0, 0},
+    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.14006245128734154, 1, 0.0, 0},
+    {384, 384, 24576, 0.11190400272607803, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0007156643915134116, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.7937119901180267, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.009031824122444292, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9066240191459656, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.012536007747990218, 1, 0.0, 0},
+    {1536, 2560, 768, 0.19091200083494186, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.06893772146228466, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7554080188274384, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.027381251483289848, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.412064075469971, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.019877946501268954, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5238719582557678, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.06590904309711564, 1, 0.0, 0},
+    {512, 512, 512, 0.8303519785404205, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.24857244329299086, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.598367989063263, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3556247273360382, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.17500799894332886, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.14421277314357514, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.6119199991226196, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.37230565840434493, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24048000574111938, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13797594028274457, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.5700640082359314, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.32148281819132657, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05251640056984619, 1, 0.0, 1},
+};
+static const Point fp32_10_unaligned[] = {
+    {2047, 2047, 2047, 0.4261600077152252, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.023011502241794445, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.2231999933719635, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.012604976120966201, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.673135995864868, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.029252578774211953, 1, 0.0, 0},
+    {127, 4099, 1023, 0.05423999950289726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.02608010347245591, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05289600044488907, 8.317766166719343, 0.0, 8.317766166719343, -0.057852952649999706, 1, 0.0, 0},
+    {1, 4096, 4096, 0.055536000058054924, 0.0, 8.317766166719343, 8.317766166719343, -0.009149222534463496, 1, 0.0, 0},
+    {16, 11008, 4096, 0.13625599443912506, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.012350086107069133, 1, 0.0, 0},
+    {8, 6144, 6144, 0.09942399710416794, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.018407455613485595, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08271999657154083, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.326804706759705, 1, 0.0, 0},
+    {13, 5000, 3001, 0.063680000603199, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.022454284582692823, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.5513120889663696, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.014175660749184115, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.09302400052547455, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.010024578206934039, 1, 0.0, 0},
+};
+static const Point fp32_11_aligned[] = {
+    {256, 256, 256, 0.015776000916957855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0085846803240023, 1, 0.0, 0},
+    {512, 512, 512, 0.023679999634623528, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.004933991988202813, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04049599915742874, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.032596865390200395, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.14854399859905243, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.059296784718898286, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2218559980392456, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.017210222794011798, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.26094388961792, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.026805484300837668, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5472640097141266, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.005275976468140043, 1, 0.0, 0},
+    {1, 4096, 4096, 0.14001599699258804, 0.0, 8.317766166719343, 8.317766166719343, 0.05936970204481965, 1, 0.0, 0},
+    {16, 8192, 4096, 0.14057600498199463, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.03130918436536414, 1, 0.0, 0},
+    {64, 4096, 8192, 0.26870399713516235, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.03699511967165532, 1, 0.0, 0},
+    {128, 8192, 8192, 0.27001601457595825, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0228016127053924, 1, 0.0, 0},
+    {8192, 128, 8192, 0.27508799731731415, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.00419184646370535, 1, 0.0, 0},
+    {4096, 32, 4096, 0.13964800536632538, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.05040772209150857, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1385280042886734, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.008443393113681336, 1, 0.0, 0},
+    {1, 11008, 4096, 0.14446400105953217, 0.0, 9.306377560173125, 8.317766166719343, 0.04701550984616015, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1422719955444336, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.028043389722385285, 1, 0.0, 0},
+    {16, 4096, 4096, 0.14000000059604645, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05618739171300215, 1, 0.0, 0},
+    {4, 14336, 4096, 0.14500799775123596, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.028412463607025876, 1, 0.0, 0},
+    {4096, 16, 4096, 0.1382720023393631, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.043767741514305666, 1, 0.0, 0},
+    {6, 8192, 4096, 0.1382399946451187, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.018527828072083974, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2671999931335449, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04229720790365655, 1, 0.0, 0},
+    {5, 4096, 4096, 0.1369280070066452, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03624924381393352, 1, 0.0, 0},
+    {3, 4096, 11008, 0.35464000701904297, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.040231900810409026, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16019199788570404, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03869458737588659, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.6830080151557922, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.028806752544081916, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3547680079936981, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.013899458310759817, 1, 0.0, 0},
+    {2048, 2048, 128, 0.019807999953627586, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03796583358282531, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1273919939994812, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.0062714661638405035, 1, 0.0, 0},
+    {256, 256, 32768, 1.0685439705848694, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09045798517466196, 1, 0.0, 0},
+    {512, 512, 16384, 0.5326079726219177, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.05795307539959211, 1, 0.0, 0},
+    {128, 1024, 65536, 2.089568018913269, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.06516422284042586, 1, 0.0, 0},
+    {64, 64, 131072, 4.208415985107422, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08765251155443507, 1, 0.0, 0},
+    {384, 384, 24576, 0.7836160063743591, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05636233040702965, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1036959886550903, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.0029624603029634665, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.5486559867858887, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.04238393505949728, 1, 0.0, 0},
+    {1536, 2560, 768, 0.06139199994504452, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.050999934622041304, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.45924799144268036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.015469717783921918, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.3830560445785522, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06968907181373615, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.081824004650116, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.028202392969174938, 1, 0.0, 0},
+    {512, 512, 512, 0.15971200168132782, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04169546617223745, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.10419200360774994, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.0027362596893997218, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.027343999594449997, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36037705096356243, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07177600264549255, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.060960123779607155, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08364800363779068, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.005000105600021292, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.17289599776268005, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.031169927725450002, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.2461439967155457, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0372531662741441, 1, 0.0, 1},
+};
+static const Point fp32_11_unaligned[] = {
+    {2047, 2047, 2047, 0.28572800755500793, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.05502799041789906, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.16592000424861908, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0965801852231043, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.9990240335464478, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.01594918251531679, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04281599819660187, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09160203474539944, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13334399461746216, 8.317766166719343, 0.0, 8.317766166719343, 0.0862798213508656, 1, 0.0, 0},
+    {1, 4096, 4096, 0.1404159963130951, 0.0, 8.317766166719343, 8.317766166719343, 0.13795702543232397, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14873600006103516, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09650945824823297, 1, 0.0, 0},
+    {8, 6144, 6144, 0.2024639993906021, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.015291931078843364, 1, 0.0, 0},
+    {4096, 12, 4096, 0.12479999661445618, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.0057039855479274065, 1, 0.0, 0},
+    {13, 5000, 3001, 0.10278400033712387, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06747948637960208, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.1384479999542236, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.004030465828770363, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11191200700657801, 1, 0.0, 0},
+};
+static const Point fp32_12_aligned[] = {
+    {1, 4096, 4096, 0.0363520011305809, 0.0, 8.317766166719343, 8.317766166719343, -0.024671228967073935, 1, 0.0, 0},
+    {16, 8192, 4096, 0.16838400065898895, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.39331633202062394, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07356800138950348, 0.0, 9.306377560173125, 8.317766166719343, 0.09693290309826297, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10047999769449234, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03148630357086707, 1, 0.0, 0},
+    {16, 4096, 4096, 0.09004800021648407, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.3001396693773411, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09383999928832054, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.07934155084337595, 1, 0.0, 0},
+    {4096, 16, 4096, 0.09017600119113922, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.30156013496658496, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07519999891519547, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.011032426977472646, 1, 0.0, 0},
+    {12, 4096, 8192, 0.1634719967842102, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.5124212090373556, 1, 0.0, 0},
+    {5, 4096, 4096, 0.044256001710891724, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0191271140090881, 1, 0.0, 0},
+    {3, 4096, 11008, 0.07905599847435951, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.008840562281767227, 1, 0.0, 0},
+};
+static const Point fp32_12_unaligned[] = {
     {4096, 1, 4096, 0.03548799827694893, 8.317766166719343, 0.0, 8.317766166719343, -0.05494685608476043, 1, 0.0, 0},
     {1, 4096, 4096, 0.03791999816894531, 0.0, 8.317766166719343, 8.317766166719343, 0.01133721039985913, 1, 0.0, 0},
     {16, 11008, 4096, 0.42798399925231934, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.5861317325819295, 1, 0.0, 0},
@@ -19477,255 +19746,69 @@ static const Point fp32_7_unaligned[] = {
     {4096, 12, 4096, 0.13809599727392197, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.6106604764772466, 1, 0.0, 0},
     {13, 5000, 3001, 0.16089600324630737, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.8072728996286154, 1, 0.0, 0},
 };
-static const Point fp32_8_aligned[] = {
-    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.21184877756248433, 1, 0.0, 0},
-    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09915283325145759, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.14629867836744356, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.060428556739092316, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07409046986834653, 1, 0.0, 0},
-    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.02304762231561276, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.014633063066912446, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, 0.001030869050311813, 1, 0.0, 0},
-    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.00803970337167415, 1, 0.0, 0},
-    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.034961257433742385, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.00525715506330909, 1, 0.0, 0},
-    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010002132192215615, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04507006471400499, 1, 0.0, 0},
-    {80, 8192, 4096, 0.16672000288963318, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.004522423790514155, 1, 0.0, 0},
-    {1, 11008, 4096, 0.15865600109100342, 0.0, 9.306377560173125, 8.317766166719343, 0.0190776260063498, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1595359966158867, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.009984444878517131, 1, 0.0, 0},
-    {16, 4096, 4096, 0.0759039968252182, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05888716548923111, 1, 0.0, 0},
-    {4, 14336, 4096, 0.20147199928760529, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.021815935339528216, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07286400347948074, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.018012561014716787, 1, 0.0, 0},
-    {6, 8192, 4096, 0.12031999975442886, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.033124167608987565, 1, 0.0, 0},
-    {12, 4096, 8192, 0.10688000172376633, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03327723747560753, 1, 0.0, 0},
-    {5, 4096, 4096, 0.0695360004901886, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.017061851616385362, 1, 0.0, 0},
-    {3, 4096, 11008, 0.12505599856376648, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0027866507061074207, 1, 0.0, 0},
-    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.43246779974372257, 1, 0.0, 0},
-    {5120, 7168, 1024, 6.7358880043029785, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.42336075874425966, 1, 0.0, 0},
-    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.4448305079987855, 1, 0.0, 0},
-    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11909130384858928, 1, 0.0, 0},
-    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4547208398276703, 1, 0.0, 0},
-    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.006884401781644891, 1, 0.0, 0},
-    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.010462162814052956, 1, 0.0, 0},
-    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.008700141525276687, 1, 0.0, 0},
-    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0036203132450992334, 1, 0.0, 0},
-    {384, 384, 24576, 0.10732799768447876, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.009213943600416873, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9260640144348145, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.025454918627599913, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.0524320006370544, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.045785207786660474, 1, 0.0, 0},
-    {1536, 2560, 768, 0.5644640028476715, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.15642751808449235, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.858303964138031, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.15385208215260893, 1, 0.0, 0},
-    {4096, 11008, 4096, 8.453775882720947, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08869205817868304, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.889039993286133, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.13243197365831189, 1, 0.0, 0},
-    {512, 512, 512, 3.079584002494812, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.4362781852373197, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 6.101775884628296, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.44393934746455943, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.5951359868049622, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.166774414067154, 256, 5.545177444479562, 0},
-    {512, 512, 64, 6.131088018417358, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4508934168557887, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.6523360013961792, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.11928180925304635, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 5.969056129455566, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.4176388675013148, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.31531249727681027, 1, 0.0, 1},
+static const Point fp32_13_aligned[] = {
+    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.388749111511239, 1, 0.0, 0},
+    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06684364990991778, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03548384748944453, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.026342091800383372, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02738805628219165, 1, 0.0, 0},
+    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05291126068545352, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.020520278714051318, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.02442116493767446, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.07723425696622277, 1, 0.0, 0},
+    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.026308208066568476, 1, 0.0, 0},
+    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.01859968220387886, 1, 0.0, 0},
+    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.03752884943404224, 1, 0.0, 0},
+    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03496850892868494, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1770240068435669, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.014378069444405773, 1, 0.0, 0},
+    {1, 11008, 4096, 0.17368000000715256, 0.0, 9.306377560173125, 8.317766166719343, -0.004692760205590962, 1, 0.0, 0},
+    {8, 11008, 4096, 0.17827199399471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02140315433550173, 1, 0.0, 0},
+    {16, 4096, 4096, 0.09312000125646591, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.035999976379516824, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1764799952507019, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.011300242777128367, 1, 0.0, 0},
+    {4096, 16, 4096, 0.09116800129413605, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.014814951413979958, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0947519987821579, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.053373917969650485, 1, 0.0, 0},
+    {12, 4096, 8192, 0.17179200053215027, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.007661622653519968, 1, 0.0, 0},
+    {5, 4096, 4096, 0.09308800101280212, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03565627209625474, 1, 0.0, 0},
+    {3, 4096, 11008, 0.23071999847888947, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0015079165762062956, 1, 0.0, 0},
+    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03023899124098577, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.4707199931144714, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.02973596580410737, 1, 0.0, 0},
+    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.003787757907368656, 1, 0.0, 0},
+    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.021556455764698695, 1, 0.0, 0},
+    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03091744914567593, 1, 0.0, 0},
+    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0261355826594489, 1, 0.0, 0},
+    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.03515196418784377, 1, 0.0, 0},
+    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.018252585710607467, 1, 0.0, 0},
+    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.05447875316750622, 1, 0.0, 0},
+    {384, 384, 24576, 0.47678399085998535, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.05998105546385236, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.5921120047569275, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.052419109282113865, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.8990880250930786, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.05516161637409839, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1337279975414276, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.054058748790660874, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.9271840155124664, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02614445368933419, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.730544090270996, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.05588762391795504, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.2231040000915527, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0664751631410661, 1, 0.0, 0},
+    {512, 512, 512, 0.385343998670578, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.007199573698626151, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.2749919891357422, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07039514044794376, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.04739199951291084, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2462203586115038, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.20108799636363983, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1428790205377818, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1136000007390976, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1323936362031855, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.4285759925842285, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.019573661281338025, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.003338421164319915, 1, 0.0, 1},
 };
-static const Point fp32_8_unaligned[] = {
-    {2047, 2047, 2047, 0.9410719871520996, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.08928421030186998, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.5342880189418793, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.03947148878172557, 1, 0.0, 0},
-    {5003, 5003, 5003, 8.367072105407715, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.015858332667877378, 1, 0.0, 0},
-    {127, 4099, 1023, 0.1199679970741272, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.17958678172586606, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07248000055551529, 8.317766166719343, 0.0, 8.317766166719343, -0.0026721150443393344, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07532799988985062, 0.0, 8.317766166719343, 8.317766166719343, 0.0358691257320907, 1, 0.0, 0},
-    {16, 11008, 4096, 0.17657600343227386, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.02082792088133269, 1, 0.0, 0},
-    {8, 6144, 6144, 0.12348800152540207, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.022101893904859355, 1, 0.0, 0},
-    {4096, 12, 4096, 0.12059200182557106, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.374174080421104, 1, 0.0, 0},
-    {13, 5000, 3001, 0.08276799693703651, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.008327195886016455, 1, 0.0, 0},
-    {4096, 4096, 4096, 5.599711894989014, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.1091680879815523, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.2351519986987114, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.07173609913193181, 1, 0.0, 0},
+static const Point fp32_13_unaligned[] = {
+    {2047, 2047, 2047, 0.35705600678920746, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.004243142926537967, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.17299200594425201, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.00023928132651992076, 1, 0.0, 0},
+    {5003, 5003, 5003, 5.059776067733765, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.01065627979563313, 1, 0.0, 0},
+    {127, 4099, 1023, 0.031328000128269196, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.00030058519306919, 1, 0.0, 0},
+    {4096, 1, 4096, 0.09305600076913834, 8.317766166719343, 0.0, 8.317766166719343, -0.006540511647559648, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09297600015997887, 0.0, 8.317766166719343, 8.317766166719343, -0.007400585330490065, 1, 0.0, 0},
+    {16, 11008, 4096, 0.18107199668884277, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.010572059496986936, 1, 0.0, 0},
+    {8, 6144, 6144, 0.1382720023393631, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.013511466785649651, 1, 0.0, 0},
+    {4096, 12, 4096, 0.09140800312161446, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.025849619061453208, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07142399996519089, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.002985320667253642, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.8278720378875732, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01459923599070213, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05352000147104263, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0018118724293413031, 1, 0.0, 0},
 };
-static const Point fp32_9_aligned[] = {
-    {256, 256, 256, 0.011247999966144562, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.04451703730267002, 1, 0.0, 0},
-    {512, 512, 512, 0.01724799908697605, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.011315223492231484, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.029440000653266907, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.002905953078462195, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.18665599822998047, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04010780827634494, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5137920379638672, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006694112622381125, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.469600200653076, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.05871396388629328, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6177759766578674, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012302965799212157, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09443199634552002, 0.0, 8.317766166719343, 8.317766166719343, -0.0187060021421365, 1, 0.0, 0},
-    {16, 8192, 4096, 0.12195199728012085, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.22858542081861166, 1, 0.0, 0},
-    {64, 4096, 8192, 0.18201600015163422, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.028940471744970855, 1, 0.0, 0},
-    {128, 8192, 8192, 0.19404799491167068, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.01183958445283066, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1953440010547638, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.01849617186106708, 1, 0.0, 0},
-    {4096, 32, 4096, 0.09387199953198433, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.025993754779822145, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09830400347709656, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0017410777904781484, 1, 0.0, 0},
-    {1, 11008, 4096, 0.21961599588394165, 0.0, 9.306377560173125, 8.317766166719343, 0.1580764580402942, 1, 0.0, 0},
-    {8, 11008, 4096, 0.21239999681711197, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.12380465273232429, 1, 0.0, 0},
-    {16, 4096, 4096, 0.09238400310277939, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.041972064911443806, 1, 0.0, 0},
-    {4, 14336, 4096, 0.24567999690771103, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2673259239507702, 1, 0.0, 0},
-    {4096, 16, 4096, 0.09180799871683121, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.047512065047903625, 1, 0.0, 0},
-    {6, 8192, 4096, 0.1298080012202263, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.29278866651309904, 1, 0.0, 0},
-    {12, 4096, 8192, 0.18004799634218216, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0350261657226168, 1, 0.0, 0},
-    {5, 4096, 4096, 0.09363199770450592, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.027571274185344184, 1, 0.0, 0},
-    {3, 4096, 11008, 0.23695999383926392, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.04650740149315122, 1, 0.0, 0},
-    {4096, 4096, 512, 0.19755200296640396, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03415635613614477, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8460800051689148, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.026856354520393234, 1, 0.0, 0},
-    {8192, 8192, 256, 0.4230400025844574, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0024471307811246203, 1, 0.0, 0},
-    {2048, 2048, 128, 0.022495999932289124, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10348939789700294, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1467839926481247, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.020710281698254628, 1, 0.0, 0},
-    {256, 256, 32768, 0.7032639980316162, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.028820124157856168, 1, 0.0, 0},
-    {512, 512, 16384, 0.34886400401592255, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.05195161374861866, 1, 0.0, 0},
-    {128, 1024, 65536, 1.3702080249786377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.053010756540976305, 1, 0.0, 0},
-    {64, 64, 131072, 2.7297279834747314, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.050386587079809225, 1, 0.0, 0},
-    {384, 384, 24576, 0.5209759771823883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.04683572414015128, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.045311987400055, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.06259636884936592, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1138079762458801, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0053818630756261926, 1, 0.0, 0},
-    {1536, 2560, 768, 0.07449600100517273, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.047665884935996904, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5247040092945099, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0005980193682654951, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.954032063484192, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.003081412533746206, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3473439812660217, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02323863181657476, 1, 0.0, 0},
-    {512, 512, 512, 0.20507200062274933, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.003202928046857239, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.1276160031557083, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.01986135133958817, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.027168000116944313, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.29219169971208014, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.08073599636554718, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.02549484906125035, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07311999797821045, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.283199783275786, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.21244800090789795, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.025393237745329058, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5550079941749573, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.033625617529063165, 1, 0.0, 1},
-};
-static const Point fp32_9_unaligned[] = {
-    {2047, 2047, 2047, 0.2787040024995804, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.032594763910079164, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16488000005483627, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07105040758815699, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.9801119565963745, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04552042403190095, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04379200004041195, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0675152866062302, 1, 0.0, 0},
-    {4096, 1, 4096, 0.09443199634552002, 8.317766166719343, 0.0, 8.317766166719343, 0.12105113291534429, 1, 0.0, 0},
-    {1, 4096, 4096, 0.14070400595664978, 0.0, 8.317766166719343, 8.317766166719343, 0.5187685063466138, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14659200608730316, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.16152945255665382, 1, 0.0, 0},
-    {8, 6144, 6144, 0.20160000026226044, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.45780992460312814, 1, 0.0, 0},
-    {4096, 12, 4096, 0.12460800260305405, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.38673335362083483, 1, 0.0, 0},
-    {13, 5000, 3001, 0.10265599936246872, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.3778315681635778, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.1067999601364136, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007041256503894011, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08050280537154879, 1, 0.0, 0},
-};
-static const Point fp32_10_aligned[] = {
-    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.40386729458062354, 1, 0.0, 0},
-    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0014503978423634292, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05697163291666719, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05828333811138249, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006206398050863014, 1, 0.0, 0},
-    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.01595541030072205, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08034924835725275, 1, 0.0, 0},
-    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, 0.0261214156208221, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0034097305686341894, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02327956729959298, 1, 0.0, 0},
-    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.047203696792248874, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.03562747809519937, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.024702448976640902, 1, 0.0, 0},
-    {80, 8192, 4096, 0.10633599758148193, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.01332044608832695, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12867200374603271, 0.0, 9.306377560173125, 8.317766166719343, -0.010641764109407686, 1, 0.0, 0},
-    {8, 11008, 4096, 0.12745599448680878, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.032556114184873766, 1, 0.0, 0},
-    {16, 4096, 4096, 0.05423999950289726, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.035566955406734733, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1525759994983673, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0002787248909310115, 1, 0.0, 0},
-    {4096, 16, 4096, 0.052928000688552856, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.011080833349930472, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09159999713301659, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.005919236615777941, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08284799754619598, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.006486005961113519, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05119999870657921, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.003791750945050281, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1058880016207695, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.021421722500996797, 1, 0.0, 0},
-    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.21196898353847488, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.8121439814567566, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.0656426338811982, 1, 0.0, 0},
-    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.320355773503527, 1, 0.0, 0},
-    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07853071808326482, 1, 0.0, 0},
-    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.35665273714715795, 1, 0.0, 0},
-    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.06291124485162086, 1, 0.0, 0},
-    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08073170153208264, 1, 0.0, 0},
-    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.002837747059779736, 1, 0.0, 0},
-    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.1399710386900339, 1, 0.0, 0},
-    {384, 384, 24576, 0.11190400272607803, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0007151726124436506, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.7937119901180267, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.009025881678180178, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9066240191459656, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.012536332652129455, 1, 0.0, 0},
-    {1536, 2560, 768, 0.19091200083494186, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.06891563442745165, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7554080188274384, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.02735481936747293, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.412064075469971, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.019858211281408838, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5238719582557678, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.06589127029583047, 1, 0.0, 0},
-    {512, 512, 512, 0.8303519785404205, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.24852713902229778, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.598367989063263, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.355562741522581, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.17500799894332886, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.14417913180946593, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.6119199991226196, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.372240566140162, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24048000574111938, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13790004537152942, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.5700640082359314, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.32142689486043136, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.052498402809659644, 1, 0.0, 1},
-};
-static const Point fp32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.4261600077152252, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.023050578159802344, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.2231999933719635, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.012570862148300515, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.673135995864868, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.02925813450279825, 1, 0.0, 0},
-    {127, 4099, 1023, 0.05423999950289726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.02595774320177712, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05289600044488907, 8.317766166719343, 0.0, 8.317766166719343, -0.05772510765242373, 1, 0.0, 0},
-    {1, 4096, 4096, 0.055536000058054924, 0.0, 8.317766166719343, 8.317766166719343, -0.009021377536887636, 1, 0.0, 0},
-    {16, 11008, 4096, 0.13625599443912506, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.012362024696621666, 1, 0.0, 0},
-    {8, 6144, 6144, 0.09942399710416794, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.018335332470015883, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08271999657154083, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.326930078502255, 1, 0.0, 0},
-    {13, 5000, 3001, 0.063680000603199, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.022512121274797306, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.5513120889663696, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0141812563863448, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.09302400052547455, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.010004549743626034, 1, 0.0, 0},
-};
-static const Point fp32_11_aligned[] = {
-    {256, 256, 256, 0.015776000916957855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.008577369021781578, 1, 0.0, 0},
-    {512, 512, 512, 0.023679999634623528, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.004922329209317001, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04049599915742874, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03258957968774725, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.14854399859905243, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.059298720054594405, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2218559980392456, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01720868687014644, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.26094388961792, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.026807007022740754, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5472640097141266, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.005277349456815902, 1, 0.0, 0},
-    {1, 4096, 4096, 0.14001599699258804, 0.0, 8.317766166719343, 8.317766166719343, 0.05939112008187953, 1, 0.0, 0},
-    {16, 8192, 4096, 0.14057600498199463, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0313258264472305, 1, 0.0, 0},
-    {64, 4096, 8192, 0.26870399713516235, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.03701557323620166, 1, 0.0, 0},
-    {128, 8192, 8192, 0.27001601457595825, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.022790579945167293, 1, 0.0, 0},
-    {8192, 128, 8192, 0.27508799731731415, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.004180813703480263, 1, 0.0, 0},
-    {4096, 32, 4096, 0.13964800536632538, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.05042818470380711, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1385280042886734, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.008430382318105787, 1, 0.0, 0},
-    {1, 11008, 4096, 0.14446400105953217, 0.0, 9.306377560173125, 8.317766166719343, 0.047030464365059636, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1422719955444336, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.028057811478518876, 1, 0.0, 0},
-    {16, 4096, 4096, 0.14000000059604645, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0562083459370351, 1, 0.0, 0},
-    {4, 14336, 4096, 0.14500799775123596, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.02842421295707522, 1, 0.0, 0},
-    {4096, 16, 4096, 0.1382720023393631, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.04378869573833842, 1, 0.0, 0},
-    {6, 8192, 4096, 0.1382399946451187, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.01854505426948056, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2671999931335449, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04231931255114816, 1, 0.0, 0},
-    {5, 4096, 4096, 0.1369280070066452, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.036270537889022667, 1, 0.0, 0},
-    {3, 4096, 11008, 0.35464000701904297, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.04025457144665417, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16019199788570404, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.038695933771895986, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.6830080151557922, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.028804786061097206, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3547680079936981, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.013899080253900018, 1, 0.0, 0},
-    {2048, 2048, 128, 0.019807999953627586, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0379612180668454, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1273919939994812, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.006269789231173985, 1, 0.0, 0},
-    {256, 256, 32768, 1.0685439705848694, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09048456338551694, 1, 0.0, 0},
-    {512, 512, 16384, 0.5326079726219177, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.05797611307463951, 1, 0.0, 0},
-    {128, 1024, 65536, 2.089568018913269, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.06518985213426996, 1, 0.0, 0},
-    {64, 64, 131072, 4.208415985107422, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08768031375016103, 1, 0.0, 0},
-    {384, 384, 24576, 0.7836160063743591, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0563874330614241, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1036959886550903, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.00297154038722943, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.5486559867858887, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.04237234785236282, 1, 0.0, 0},
-    {1536, 2560, 768, 0.06139199994504452, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05100111161762334, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.45924799144268036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.015470127557960388, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.3830560445785522, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06968701884740984, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.081824004650116, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0282008463545968, 1, 0.0, 0},
-    {512, 512, 512, 0.15971200168132782, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04169681256824676, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.10419200360774994, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.002736265801916165, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.027343999594449997, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36037243544758263, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07177600264549255, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06096097131639015, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08364800363779068, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.005003558290800834, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.17289599776268005, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.031170580223923647, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.2461439967155457, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03725167659732164, 1, 0.0, 1},
-};
-static const Point fp32_11_unaligned[] = {
-    {2047, 2047, 2047, 0.28572800755500793, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.055050001462129794, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16592000424861908, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0965737767097494, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.9990240335464478, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.015949280626914034, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04281599819660187, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0915830276490749, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13334399461746216, 8.317766166719343, 0.0, 8.317766166719343, 0.08613795317160343, 1, 0.0, 0},
-    {1, 4096, 4096, 0.1404159963130951, 0.0, 8.317766166719343, 8.317766166719343, 0.13781515725306165, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14873600006103516, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09658112917324128, 1, 0.0, 0},
-    {8, 6144, 6144, 0.2024639993906021, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.015163996537592497, 1, 0.0, 0},
-    {4096, 12, 4096, 0.12479999661445618, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.005566068040699145, 1, 0.0, 0},
-    {13, 5000, 3001, 0.10278400033712387, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06736466167787168, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.1384479999542236, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.004038432235512773, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11189911640002513, 1, 0.0, 0},
-};
-static const Point fp32_12_aligned[] = {
+static const Point fp32_14_aligned[] = {
     {1, 4096, 4096, 0.039503999054431915, 0.0, 8.317766166719343, 8.317766166719343, 0.0074124226302521475, 1, 0.0, 0},
     {16, 8192, 4096, 0.07385600358247757, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.017768275911290956, 1, 0.0, 0},
     {1, 11008, 4096, 0.08430400118231773, 0.0, 9.306377560173125, 8.317766166719343, 0.017208282860586954, 1, 0.0, 0},
@@ -19738,7 +19821,7 @@ static const Point fp32_12_aligned[] = {
     {5, 4096, 4096, 0.03993599861860275, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.008795647943460253, 1, 0.0, 0},
     {3, 4096, 11008, 0.08313599973917007, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.00293311763451305, 1, 0.0, 0},
 };
-static const Point fp32_12_unaligned[] = {
+static const Point fp32_14_unaligned[] = {
     {4096, 1, 4096, 0.03929600119590759, 8.317766166719343, 0.0, 8.317766166719343, -0.12383407530696137, 1, 0.0, 0},
     {1, 4096, 4096, 0.04022400081157684, 0.0, 8.317766166719343, 8.317766166719343, -0.10049298568068467, 1, 0.0, 0},
     {16, 11008, 4096, 0.10547199845314026, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.028719195317099756, 1, 0.0, 0},
@@ -19746,518 +19829,435 @@ static const Point fp32_12_unaligned[] = {
     {4096, 12, 4096, 0.04438399896025658, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.0020778175586201302, 1, 0.0, 0},
     {13, 5000, 3001, 0.06201599910855293, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.42672102858155586, 1, 0.0, 0},
 };
-static const Point fp32_13_aligned[] = {
-    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.3887499907958696, 1, 0.0, 0},
-    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06682414930030711, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03544379864268634, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.026289661448899344, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.027330815668375315, 1, 0.0, 0},
-    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05285184984830655, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.020464694122041473, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.024474758021243354, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.07728785004979175, 1, 0.0, 0},
-    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.026365616653272143, 1, 0.0, 0},
-    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.018658084971915626, 1, 0.0, 0},
-    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.037587252202078994, 1, 0.0, 0},
-    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03502210201225368, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1770240068435669, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.014433492955863438, 1, 0.0, 0},
-    {1, 11008, 4096, 0.17368000000715256, 0.0, 9.306377560173125, 8.317766166719343, -0.004637336694133216, 1, 0.0, 0},
-    {8, 11008, 4096, 0.17827199399471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.021458577846959533, 1, 0.0, 0},
-    {16, 4096, 4096, 0.09312000125646591, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.036053569463085584, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1764799952507019, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.01135566628858599, 1, 0.0, 0},
-    {4096, 16, 4096, 0.09116800129413605, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0148685444975488, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0947519987821579, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.05342751105321919, 1, 0.0, 0},
-    {12, 4096, 8192, 0.17179200053215027, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0076042140668163526, 1, 0.0, 0},
-    {5, 4096, 4096, 0.09308800101280212, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03570986517982335, 1, 0.0, 0},
-    {3, 4096, 11008, 0.23071999847888947, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0015663479932209548, 1, 0.0, 0},
-    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.030207858180587535, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.4707199931144714, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.029690481739141388, 1, 0.0, 0},
-    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0037957460849304806, 1, 0.0, 0},
-    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.021532231354025915, 1, 0.0, 0},
-    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.030848779893222232, 1, 0.0, 0},
-    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.026075117686414837, 1, 0.0, 0},
-    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.03509253763035435, 1, 0.0, 0},
-    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01819159392066722, 1, 0.0, 0},
-    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.05454001030078773, 1, 0.0, 0},
-    {384, 384, 24576, 0.47678399085998535, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.0599209388656834, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.5921120047569275, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05235884950498837, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.8990880250930786, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.055100623035142356, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1337279975414276, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.054019731711617294, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.9271840155124664, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.026091447068156706, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.730544090270996, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.05583030608447909, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.2231040000915527, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.06641794032138128, 1, 0.0, 0},
-    {512, 512, 512, 0.385343998670578, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.007230706759024127, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.2749919891357422, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07036871749252366, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.04739199951291084, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.24619613420083097, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.20108799636363983, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.14281123673744092, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1136000007390976, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.13242323512033827, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.4285759925842285, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.019581550109961515, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.003395661778136165, 1, 0.0, 1},
-};
-static const Point fp32_13_unaligned[] = {
-    {2047, 2047, 2047, 0.35705600678920746, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.004244487165659733, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.17299200594425201, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.00023714336762322056, 1, 0.0, 0},
-    {5003, 5003, 5003, 5.059776067733765, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010658321053292393, 1, 0.0, 0},
-    {127, 4099, 1023, 0.031328000128269196, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0002989252589038923, 1, 0.0, 0},
-    {4096, 1, 4096, 0.09305600076913834, 8.317766166719343, 0.0, 8.317766166719343, -0.0065202790170226285, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09297600015997887, 0.0, 8.317766166719343, 8.317766166719343, -0.007380352699953199, 1, 0.0, 0},
-    {16, 11008, 4096, 0.18107199668884277, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.010588249264146464, 1, 0.0, 0},
-    {8, 6144, 6144, 0.1382720023393631, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.01352707121971782, 1, 0.0, 0},
-    {4096, 12, 4096, 0.09140800312161446, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.025830709548166006, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07142399996519089, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.002969151494796775, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.8278720378875732, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.014597334786733664, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05352000147104263, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0018109168426083248, 1, 0.0, 0},
-};
-static const Point fp32_14_aligned[] = {
-    {256, 256, 256, 0.01190400030463934, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15460490186731837, 1, 0.0, 0},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04807909362484204, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04396799951791763, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.052582434271041194, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.24265600740909576, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04970666513958292, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.630079984664917, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06635532201063067, 1, 0.0, 0},
-    {8192, 8192, 8192, 14.82795238494873, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.1391365600648699, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.707040011882782, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.07143792897213129, 1, 0.0, 0},
-    {1, 4096, 4096, 0.041439998894929886, 0.0, 8.317766166719343, 8.317766166719343, 0.12279976772316238, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09937600046396255, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.43760146072418304, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0681919977068901, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.11267929012409261, 1, 0.0, 0},
-    {128, 8192, 8192, 0.19964799284934998, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07992603537015376, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20214400440454483, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.067501478976808, 1, 0.0, 0},
-    {4096, 32, 4096, 0.0666240006685257, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03775570326528833, 1, 0.0, 0},
-    {80, 8192, 4096, 0.11532799899578094, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.03271987073646878, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09715200215578079, 0.0, 9.306377560173125, 8.317766166719343, 0.05819404253981111, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09699200093746185, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05654576855767363, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04238399863243103, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.14532409670223745, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1241919994354248, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04132864606572638, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06801600009202957, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.05843379320796928, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07184000313282013, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.11313228784071865, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0679360032081604, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.1089182005792627, 1, 0.0, 0},
-    {5, 4096, 4096, 0.041280001401901245, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11893135157277773, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08291199803352356, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06603624810865197, 1, 0.0, 0},
-    {4096, 4096, 512, 0.46801599860191345, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.14756463438856732, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3321920037269592, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04484403193915378, 1, 0.0, 0},
-    {8192, 8192, 256, 1.4982720017433167, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.229325866741481, 1, 0.0, 0},
-    {2048, 2048, 128, 0.09308800101280212, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.243536317562279, 1, 0.0, 0},
-    {16384, 4096, 64, 1.1845600008964539, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.16702630144162744, 1, 0.0, 0},
-    {256, 256, 32768, 0.17452800273895264, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16855175544791176, 1, 0.0, 0},
-    {512, 512, 16384, 0.09759999811649323, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11480362502369762, 1, 0.0, 0},
-    {128, 1024, 65536, 0.34012800455093384, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1640452909444319, 1, 0.0, 0},
-    {64, 64, 131072, 0.6587840020656586, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18055624978057777, 1, 0.0, 0},
-    {384, 384, 24576, 0.1340479999780655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.16453269282170696, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9129280149936676, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10343243082799586, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1129600405693054, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06459272119554686, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13900800049304962, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0992767129921317, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6545760035514832, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02319632732090567, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.135663986206055, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.1096411623715608, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.6280159950256348, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.06741572084242158, 1, 0.0, 0},
-    {512, 512, 512, 0.4747200012207031, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16178731312232117, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.7157440185546875, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.34334954125137684, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.10480000078678131, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3620448037638345, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.6125440001487732, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18764773101619964, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24643200635910034, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16184040957043358, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.7652640044689178, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.23902986678341265, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.745631992816925, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0021322576474751926, 1, 0.0, 1},
-};
-static const Point fp32_14_unaligned[] = {
-    {2047, 2047, 2047, 0.35385599732398987, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.028199737624892186, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1807679980993271, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03538825821002389, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.502303838729858, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0007110197030737451, 1, 0.0, 0},
-    {127, 4099, 1023, 0.044096000492572784, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.012628214353824392, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06283200159668922, 8.317766166719343, 0.0, 8.317766166719343, -0.18234653692503922, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05142400041222572, 0.0, 8.317766166719343, 8.317766166719343, -0.00772478879272585, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12326399981975555, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03546201115892435, 1, 0.0, 0},
-    {8, 6144, 6144, 0.11636799946427345, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.07549225946414484, 1, 0.0, 0},
-    {4096, 12, 4096, 0.07622399926185608, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.011664434966511823, 1, 0.0, 0},
-    {13, 5000, 3001, 0.0663679987192154, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.00955347996031304, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.380336046218872, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03223250636750865, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07215999811887741, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.016842369065544125, 1, 0.0, 0},
-};
 static const Point fp32_15_aligned[] = {
-    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1074470464517522, 1, 0.0, 0},
-    {512, 512, 512, 0.013439999893307686, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.027719157848141756, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04324144366484469, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.24006399512290955, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.039202443725860216, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5861279964447021, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0783039484923964, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.438688278198242, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.05598545933565496, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6882239878177643, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08194956966675189, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06340799853205681, 0.0, 8.317766166719343, 8.317766166719343, 0.03721930488968278, 1, 0.0, 0},
-    {16, 8192, 4096, 0.1306079998612404, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12441687404537288, 1, 0.0, 0},
-    {64, 4096, 8192, 0.10555199906229973, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.030891001798011537, 1, 0.0, 0},
-    {128, 8192, 8192, 0.20665599405765533, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.020198687718562407, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20689599961042404, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01903798442906693, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04217600077390671, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.21628907899425337, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1148960031569004, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0037561967570972424, 1, 0.0, 0},
-    {1, 11008, 4096, 0.19750399887561798, 0.0, 9.306377560173125, 8.317766166719343, 0.1525201530356025, 1, 0.0, 0},
-    {8, 11008, 4096, 0.19113600254058838, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11974655126986054, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06892800331115723, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.12069182116419544, 1, 0.0, 0},
-    {4, 14336, 4096, 0.24540799856185913, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.22132423920659128, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04108799993991852, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.19015382836998665, 1, 0.0, 0},
-    {6, 8192, 4096, 0.14180800318717957, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.20669045687014312, 1, 0.0, 0},
-    {12, 4096, 8192, 0.10566399991512299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.029830467900361025, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06614399701356888, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07946342994127117, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1438720002770424, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.015163748380683528, 1, 0.0, 0},
-    {4096, 4096, 512, 0.4419519901275635, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.10323958635840295, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.2898880243301392, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.024560773040980605, 1, 0.0, 0},
-    {8192, 8192, 256, 1.4807040095329285, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22407469318351475, 1, 0.0, 0},
-    {2048, 2048, 128, 0.22952000051736832, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 1.180142536605786, 1, 0.0, 0},
-    {16384, 4096, 64, 1.206063985824585, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.18976770253282477, 1, 0.0, 0},
-    {256, 256, 32768, 0.18251200020313263, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09736059870155338, 1, 0.0, 0},
-    {512, 512, 16384, 0.0982080027461052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07286458190659652, 1, 0.0, 0},
-    {128, 1024, 65536, 0.35446399450302124, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.10132761830148608, 1, 0.0, 0},
-    {64, 64, 131072, 0.6824319958686829, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1264781382727511, 1, 0.0, 0},
-    {384, 384, 24576, 0.13990400731563568, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09211294153803737, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9589920043945312, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.036479160084368294, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1542719602584839, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.010379317150899884, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13436800241470337, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09230295109444485, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6458719968795776, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02072879216046758, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.9651198387146, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0904701841314416, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5852320194244385, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.056351486992253695, 1, 0.0, 0},
-    {512, 512, 512, 0.458624005317688, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.14026904363844908, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6912960112094879, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3155647593943537, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.10115200281143188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36077672650588233, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.6071680188179016, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18580220120792806, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.13470400124788284, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.23638514776792374, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.7333440184593201, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20482681673304962, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7094560265541077, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0034245656064541487, 1, 0.0, 1},
+    {256, 256, 256, 0.01190400030463934, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15462351537979963, 1, 0.0, 0},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04809755213940097, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04396799951791763, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05260248158495144, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.24265600740909576, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04972609430733828, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.630079984664917, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06637376803168897, 1, 0.0, 0},
+    {8192, 8192, 8192, 14.82795238494873, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.13911876629561007, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.707040011882782, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0714567508694159, 1, 0.0, 0},
+    {1, 4096, 4096, 0.041439998894929886, 0.0, 8.317766166719343, 8.317766166719343, 0.12278213183498929, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09937600046396255, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.43758347005715975, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0681919977068901, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.11266189205163188, 1, 0.0, 0},
+    {128, 8192, 8192, 0.19964799284934998, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07994371901137279, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20214400440454483, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.06751916261802705, 1, 0.0, 0},
+    {4096, 32, 4096, 0.0666240006685257, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.037737712598265, 1, 0.0, 0},
+    {80, 8192, 4096, 0.11532799899578094, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.03273807964193292, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09715200215578079, 0.0, 9.306377560173125, 8.317766166719343, 0.05817591001026317, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09699200093746185, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.056527636028125744, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04238399863243103, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1453064608140643, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1241919994354248, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04131043716026242, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06801600009202957, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.05841580254094604, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07184000313282013, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.11311429717369532, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0679360032081604, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.10890080250680195, 1, 0.0, 0},
+    {5, 4096, 4096, 0.041280001401901245, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11891371568460471, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08291199803352356, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06601892724441934, 1, 0.0, 0},
+    {4096, 4096, 512, 0.46801599860191345, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.14754152588693925, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3321920037269592, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04482282350597723, 1, 0.0, 0},
+    {8192, 8192, 256, 1.4982720017433167, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22930065300093883, 1, 0.0, 0},
+    {2048, 2048, 128, 0.09308800101280212, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.24351092486421352, 1, 0.0, 0},
+    {16384, 4096, 64, 1.1845600008964539, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.16699954726008606, 1, 0.0, 0},
+    {256, 256, 32768, 0.17452800273895264, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1685689003492546, 1, 0.0, 0},
+    {512, 512, 16384, 0.09759999811649323, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11482086385669339, 1, 0.0, 0},
+    {128, 1024, 65536, 0.34012800455093384, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1640623845284479, 1, 0.0, 0},
+    {64, 64, 131072, 0.6587840020656586, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18057331649861746, 1, 0.0, 0},
+    {384, 384, 24576, 0.1340479999780655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.16454987025981654, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9129280149936676, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10344983971291664, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1129600405693054, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06460987761776985, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13900800049304962, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09925514260792924, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6545760035514832, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.023215855138707085, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.135663986206055, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.10962270552853658, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.6280159950256348, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.06739727733882245, 1, 0.0, 0},
+    {512, 512, 512, 0.4747200012207031, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16176420462069302, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.7157440185546875, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3433228911965523, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.10480000078678131, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3620194110657692, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.6125440001487732, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18762108096137486, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24643200635910034, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16181747201254945, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.7652640044689178, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.23900472913900245, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.745631992816925, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.002113811626416938, 1, 0.0, 1},
 };
 static const Point fp32_15_unaligned[] = {
-    {2047, 2047, 2047, 0.3537760078907013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.018441674773131297, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1852319985628128, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.053136354163810996, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.418352127075195, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03815572132488087, 1, 0.0, 0},
-    {127, 4099, 1023, 0.044224001467227936, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.04163087890881965, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04116800054907799, 8.317766166719343, 0.0, 8.317766166719343, -0.052862368104044745, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05092800036072731, 0.0, 8.317766166719343, 8.317766166719343, -0.0774543106267277, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12305599823594093, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09390672126999915, 1, 0.0, 0},
-    {8, 6144, 6144, 0.11771200224757195, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.12047346412281748, 1, 0.0, 0},
-    {4096, 12, 4096, 0.07740800082683563, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.5306896449405618, 1, 0.0, 0},
-    {13, 5000, 3001, 0.06711999699473381, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.11051224319079488, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.2705440521240234, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03875971306762609, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07180800288915634, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.022797320563181955, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.35385599732398987, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.028139020281968047, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1807679980993271, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.035461813714921735, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.502303838729858, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0006634600864224994, 1, 0.0, 0},
+    {127, 4099, 1023, 0.044096000492572784, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.012803521733059882, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06283200159668922, 8.317766166719343, 0.0, 8.317766166719343, -0.18233129858553265, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05142400041222572, 0.0, 8.317766166719343, 8.317766166719343, -0.007952586678241433, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12326399981975555, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0354261346150945, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11636799946427345, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.0754560877064036, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07622399926185608, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.011670009971422632, 1, 0.0, 0},
+    {13, 5000, 3001, 0.0663679987192154, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.009517259132782358, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.380336046218872, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.032263726876560636, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07215999811887741, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.016842604202842892, 1, 0.0, 0},
 };
 static const Point fp32_16_aligned[] = {
-    {256, 256, 256, 0.008799999952316284, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09295871936706361, 1, 0.0, 0},
-    {512, 512, 512, 0.01603199914097786, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02110525366532503, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05603199824690819, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10625064098097603, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.3108159899711609, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16068049175525312, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.176495909690857, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11709151379763517, 1, 0.0, 0},
-    {8192, 8192, 8192, 17.974224090576172, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0006138555756036012, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.8867200016975403, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15566145309757476, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04966399818658829, 0.0, 8.317766166719343, 8.317766166719343, 0.10415740152833462, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08745600283145905, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04258149645950674, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08134400099515915, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04253954857776142, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2831360101699829, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04018994877686793, 1, 0.0, 0},
-    {8192, 128, 8192, 0.26307201385498047, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.11368952063980922, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04992000013589859, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10929884026468722, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1584320068359375, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0218243687121838, 1, 0.0, 0},
-    {1, 11008, 4096, 0.13206399977207184, 0.0, 9.306377560173125, 8.317766166719343, 0.0721684705749551, 1, 0.0, 0},
-    {8, 11008, 4096, 0.12588800489902496, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.024274480413010925, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04992000013589859, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10929884026468722, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1568640023469925, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.09675106262674378, 1, 0.0, 0},
-    {4096, 16, 4096, 0.049247998744249344, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0957458456391452, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09334400296211243, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10773727975664016, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08140800148248672, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04332602726499371, 1, 0.0, 0},
-    {5, 4096, 4096, 0.049536000937223434, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.10157681036849593, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10236799716949463, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.015589076699131172, 1, 0.0, 0},
-    {4096, 4096, 512, 0.5867840051651001, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07261166495279239, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.7225599884986877, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11411878701333222, 1, 0.0, 0},
-    {8192, 8192, 256, 1.9047839641571045, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.036760858074521834, 1, 0.0, 0},
-    {2048, 2048, 128, 0.11827199906110764, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.01975857776723347, 1, 0.0, 0},
-    {16384, 4096, 64, 1.5145599842071533, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.1261826431380431, 1, 0.0, 0},
-    {256, 256, 32768, 0.11964800208806992, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16731379775740896, 1, 0.0, 0},
-    {512, 512, 16384, 0.1271039992570877, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12734527770851056, 1, 0.0, 0},
-    {128, 1024, 65536, 0.24011199921369553, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.13296456552003322, 1, 0.0, 0},
-    {64, 64, 131072, 0.44862399995326996, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1851929100207427, 1, 0.0, 0},
-    {384, 384, 24576, 0.18196800351142883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.14696286700390732, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1677280068397522, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12490870596365314, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.459231972694397, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10632905835072252, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1714559942483902, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08619500500333563, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.8431359827518463, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.14152325542207658, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.334287881851196, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.03020070683061606, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.0760159492492676, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.02773266055678435, 1, 0.0, 0},
-    {512, 512, 512, 0.6366240084171295, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.008910774519681145, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.9647199809551239, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.11061782770138791, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.13660800457000732, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16388707315547493, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.8052160143852234, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.07010947407979232, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1753920018672943, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.05645063587219877, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.9846560060977936, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.008320315077755677, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.142815947532654, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.1326868891229102, 1, 0.0, 1},
+    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10748762394557483, 1, 0.0, 0},
+    {512, 512, 512, 0.013439999893307686, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.027675568708606317, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.043202425166336295, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.24006399512290955, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03924985776941447, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5861279964447021, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07835970314046804, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.438688278198242, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.055924482729006075, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6882239878177643, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08200223751897348, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06340799853205681, 0.0, 8.317766166719343, 8.317766166719343, 0.03716234344361053, 1, 0.0, 0},
+    {16, 8192, 4096, 0.1306079998612404, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12436050109540872, 1, 0.0, 0},
+    {64, 4096, 8192, 0.10555199906229973, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.030952346063274454, 1, 0.0, 0},
+    {128, 8192, 8192, 0.20665599405765533, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.020259852592984285, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20689599961042404, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01909914930348882, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04217600077390671, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2162311186591859, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1148960031569004, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.003812569707061435, 1, 0.0, 0},
+    {1, 11008, 4096, 0.19750399887561798, 0.0, 9.306377560173125, 8.317766166719343, 0.15246399211033126, 1, 0.0, 0},
+    {8, 11008, 4096, 0.19113600254058838, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11969039034458931, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06892800331115723, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.12063485971812309, 1, 0.0, 0},
+    {4, 14336, 4096, 0.24540799856185913, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.22126814044316617, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04108799993991852, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.19009586803491924, 1, 0.0, 0},
+    {6, 8192, 4096, 0.14180800318717957, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.20663408392017887, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10566399991512299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.029891812165623925, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06614399701356888, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07940646849519888, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1438720002770424, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.01510110510037861, 1, 0.0, 0},
+    {4096, 4096, 512, 0.4419519901275635, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.10322081151906637, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.2898880243301392, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.024526758859530852, 1, 0.0, 0},
+    {8192, 8192, 256, 1.4807040095329285, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22407187272873694, 1, 0.0, 0},
+    {2048, 2048, 128, 0.22952000051736832, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 1.1801447523662232, 1, 0.0, 0},
+    {16384, 4096, 64, 1.206063985824585, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.18977683039175192, 1, 0.0, 0},
+    {256, 256, 32768, 0.18251200020313263, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09742602979232287, 1, 0.0, 0},
+    {512, 512, 16384, 0.0982080027461052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07292864001221441, 1, 0.0, 0},
+    {128, 1024, 65536, 0.35446399450302124, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.10139378884221481, 1, 0.0, 0},
+    {64, 64, 131072, 0.6824319958686829, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12654469298485177, 1, 0.0, 0},
+    {384, 384, 24576, 0.13990400731563568, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09217789992084457, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9589920043945312, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.03654304421222469, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1542719602584839, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.010445220387841027, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13436800241470337, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09227332148617147, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6458719968795776, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02077586503758948, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.9651198387146, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09041445719609478, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5852320194244385, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.05629572589127789, 1, 0.0, 0},
+    {512, 512, 512, 0.458624005317688, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.14025026879911248, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6912960112094879, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.31557337279258757, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.10115200281143188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3607789422663194, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.6071680188179016, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18581081460616197, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.13470400124788284, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.23636406057446815, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.7333440184593201, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20482363041361734, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7094560265541077, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0034803202545257523, 1, 0.0, 1},
 };
 static const Point fp32_16_unaligned[] = {
-    {2047, 2047, 2047, 0.35367999970912933, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01827641430925287, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.18001600354909897, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.034372408483075816, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.438431978225708, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.012701197993809718, 1, 0.0, 0},
-    {127, 4099, 1023, 0.044335998594760895, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.01757680614988427, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05004800111055374, 8.317766166719343, 0.0, 8.317766166719343, -0.10781779601175853, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05111999996006489, 0.0, 8.317766166719343, 8.317766166719343, -0.0866245538363007, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12355200201272964, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.05128114832750302, 1, 0.0, 0},
-    {8, 6144, 6144, 0.11535999923944473, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1537231829523456, 1, 0.0, 0},
-    {4096, 12, 4096, 0.0759199969470501, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.30623813338503897, 1, 0.0, 0},
-    {13, 5000, 3001, 0.06702399998903275, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.07655227851120631, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.2813758850097656, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.041599015004313865, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07211199775338173, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.009802309379369647, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3537760078907013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01827047577178036, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1852319985628128, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.053238049047536096, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.418352127075195, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03833177213577215, 1, 0.0, 0},
+    {127, 4099, 1023, 0.044224001467227936, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.042011260109824144, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04116800054907799, 8.317766166719343, 0.0, 8.317766166719343, -0.05358815474206837, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05092800036072731, 0.0, 8.317766166719343, 8.317766166719343, -0.07844920662311797, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12305599823594093, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0946699781247364, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11771200224757195, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1196596665687926, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07740800082683563, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.530045548457893, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06711999699473381, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.10953650741484107, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.2705440521240234, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0385562043885924, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07180800288915634, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02291302419384979, 1, 0.0, 0},
 };
 static const Point fp32_17_aligned[] = {
-    {256, 256, 256, 0.024992000311613083, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2312880373998839, 1, 0.0, 0},
-    {512, 512, 512, 0.03200000151991844, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.05517136573092058, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.09616000205278397, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0822760088838017, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.37646400928497314, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.021168296052243216, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03346919246460719, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.284800052642822, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.025047400307438298, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.9330080151557922, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.042897992438900225, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05740800127387047, 0.0, 8.317766166719343, 8.317766166719343, 0.00182247605928139, 1, 0.0, 0},
-    {16, 8192, 4096, 0.10809600353240967, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.022602464356479886, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09769599884748459, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.033569947871851816, 1, 0.0, 0},
-    {128, 8192, 8192, 0.21985600143671036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.02601962103504061, 1, 0.0, 0},
-    {8192, 128, 8192, 0.220271997153759, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.027909961309946923, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05934400111436844, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05000542565382187, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1279039978981018, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009693844503600972, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1345279961824417, 0.0, 9.306377560173125, 8.317766166719343, 0.011193056393961261, 1, 0.0, 0},
-    {8, 11008, 4096, 0.13212799280881882, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.029733127782607414, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06172800064086914, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03234706166592204, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1674399971961975, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.001362343950005276, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05951999872922897, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.004078216265026489, 1, 0.0, 0},
-    {6, 8192, 4096, 0.10156799852848053, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.008163035387176295, 1, 0.0, 0},
-    {12, 4096, 8192, 0.09279999881982803, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.025409340614250434, 1, 0.0, 0},
-    {5, 4096, 4096, 0.059967998415231705, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.034068168829207074, 1, 0.0, 0},
-    {3, 4096, 11008, 0.11190400272607803, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0028675383360428413, 1, 0.0, 0},
-    {4096, 4096, 512, 1.5503199696540833, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.38584265761511444, 1, 0.0, 0},
-    {5120, 7168, 1024, 3.4506720304489136, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.2864241129017984, 1, 0.0, 0},
-    {8192, 8192, 256, 6.13644814491272, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.40746329106355195, 1, 0.0, 0},
-    {2048, 2048, 128, 0.29844799637794495, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10270035268375446, 1, 0.0, 0},
-    {16384, 4096, 64, 6.195791959762573, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.43190113263968416, 1, 0.0, 0},
-    {256, 256, 32768, 0.07897599786520004, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.022027092759020896, 1, 0.0, 0},
-    {512, 512, 16384, 0.09704000130295753, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.02839902237003666, 1, 0.0, 0},
-    {128, 1024, 65536, 0.16120000183582306, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.02048234455786755, 1, 0.0, 0},
-    {64, 64, 131072, 0.25678399205207825, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.11358215859909829, 1, 0.0, 0},
-    {384, 384, 24576, 0.12062400206923485, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.012682675575347604, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8446399867534637, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.020813569135435767, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9571840167045593, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.026474259493182283, 1, 0.0, 0},
-    {1536, 2560, 768, 0.31596800684928894, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08799889772661916, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.0976960062980652, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.07289954392720618, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.349792003631592, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.01791005156406762, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.7693760395050049, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.008823028006440487, 1, 0.0, 0},
-    {512, 512, 512, 1.569648027420044, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.3982327238232664, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 3.0990720987319946, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.4229362859181984, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.31542399525642395, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1580224019621491, 256, 5.545177444479562, 0},
-    {512, 512, 64, 3.1172159910202026, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.43371437036471794, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.3924480080604553, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.026513382566538447, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 3.0350239276885986, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.39224440930474225, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.3468639850616455, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.13985316086618915, 1, 0.0, 1},
+    {256, 256, 256, 0.008799999952316284, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09313359264174431, 1, 0.0, 0},
+    {512, 512, 512, 0.01603199914097786, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.020963703992271925, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05603199824690819, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10635935165612526, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.3108159899711609, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16079046986385923, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.176495909690857, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11720921588221322, 1, 0.0, 0},
+    {8192, 8192, 8192, 17.974224090576172, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0004904307023861504, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.8867200016975403, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15577607672059102, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04966399818658829, 0.0, 8.317766166719343, 8.317766166719343, 0.10402306901164335, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08745600283145905, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04245505871967675, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08134400099515915, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04240687691307992, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2831360101699829, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04031578965417253, 1, 0.0, 0},
+    {8192, 128, 8192, 0.26307201385498047, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.11381536151711383, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04992000013589859, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10916450774799588, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1584320068359375, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.02194644271986214, 1, 0.0, 0},
+    {1, 11008, 4096, 0.13206399977207184, 0.0, 9.306377560173125, 8.317766166719343, 0.07204490829171174, 1, 0.0, 0},
+    {8, 11008, 4096, 0.12588800489902496, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.024150918129767548, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04992000013589859, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10916450774799588, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1568640023469925, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.096628346536647, 1, 0.0, 0},
+    {4096, 16, 4096, 0.049247998744249344, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09561151312245386, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09334400296211243, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10761084201680994, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08140800148248672, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.043193355600312365, 1, 0.0, 0},
+    {5, 4096, 4096, 0.049536000937223434, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.10144247785180462, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10236799716949463, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.015456912044826436, 1, 0.0, 0},
+    {4096, 4096, 512, 0.5867840051651001, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07269272702542977, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.7225599884986877, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11421369566713575, 1, 0.0, 0},
+    {8192, 8192, 256, 1.9047839641571045, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.03682758193033186, 1, 0.0, 0},
+    {2048, 2048, 128, 0.11827199906110764, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0196925313966134, 1, 0.0, 0},
+    {16384, 4096, 64, 1.5145599842071533, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.12623980584224367, 1, 0.0, 0},
+    {256, 256, 32768, 0.11964800208806992, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1674472653928264, 1, 0.0, 0},
+    {512, 512, 16384, 0.1271039992570877, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12747691968995187, 1, 0.0, 0},
+    {128, 1024, 65536, 0.24011199921369553, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1330965636556183, 1, 0.0, 0},
+    {64, 64, 131072, 0.44862399995326996, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18532413821404448, 1, 0.0, 0},
+    {384, 384, 24576, 0.18196800351142883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.14709412815232886, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1677280068397522, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12503599878305713, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.459231972694397, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10645865758148598, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1714559942483902, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08628821479353728, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.8431359827518463, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1416318431084673, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.334287881851196, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.030318215210003545, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.0760159492492676, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.027850407999360255, 1, 0.0, 0},
+    {512, 512, 512, 0.6366240084171295, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.008829712447043905, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.9647199809551239, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.11056002888590838, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.13660800457000732, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16382102678485488, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.8052160143852234, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.07016727289527165, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1753920018672943, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.05636524283542072, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.9846560060977936, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.008387564918969153, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.142815947532654, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.13280459120748814, 1, 0.0, 1},
 };
 static const Point fp32_17_unaligned[] = {
-    {2047, 2047, 2047, 0.5800159871578217, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02246771647135164, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.31756800413131714, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03212094186720996, 1, 0.0, 0},
-    {5003, 5003, 5003, 5.55297589302063, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02229650971584344, 1, 0.0, 0},
-    {127, 4099, 1023, 0.07440000027418137, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06802085218828068, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05897599831223488, 8.317766166719343, 0.0, 8.317766166719343, -0.04419038850348278, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06272000074386597, 0.0, 8.317766166719343, 8.317766166719343, 0.017359446529194824, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14591999351978302, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0002271029704039221, 1, 0.0, 0},
-    {8, 6144, 6144, 0.11177600175142288, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.002798572770474915, 1, 0.0, 0},
-    {4096, 12, 4096, 0.09779199957847595, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.37385493802616454, 1, 0.0, 0},
-    {13, 5000, 3001, 0.06550399959087372, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.005987900319368577, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.4407360553741455, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.041254698228598057, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.13849599659442902, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.024027006520781408, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.35367999970912933, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.017903892644988356, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.18001600354909897, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03475999992997842, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.438431978225708, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.012592192493096873, 1, 0.0, 0},
+    {127, 4099, 1023, 0.044335998594760895, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.01848131986104358, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05004800111055374, 8.317766166719343, 0.0, 8.317766166719343, -0.10907188792518376, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05111999996006489, 0.0, 8.317766166719343, 8.317766166719343, -0.08787864574972598, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12355200201272964, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.051713074284956737, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11535999923944473, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.15287379755528266, 1, 0.0, 0},
+    {4096, 12, 4096, 0.0759199969470501, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.30496352970767004, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06702399998903275, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.07561370693898149, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.2813758850097656, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04159325048227127, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07211199775338173, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.009765591361900998, 1, 0.0, 0},
 };
 static const Point fp32_18_aligned[] = {
-    {1, 4096, 4096, 0.038896000012755394, 0.0, 8.317766166719343, 8.317766166719343, -0.04471509582583701, 1, 0.0, 0},
-    {16, 8192, 4096, 0.11222399771213531, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.03895596799554894, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07595199719071388, 0.0, 9.306377560173125, 8.317766166719343, 0.07002018401656532, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09375999867916107, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.08363702010190083, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07558400183916092, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.13156538457541905, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09724800288677216, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.057203078751891144, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07508799806237221, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.12498147291514898, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07177600264549255, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.04191366526456019, 1, 0.0, 0},
-    {12, 4096, 8192, 0.1233920007944107, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.24090393640190821, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04822399839758873, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.015146138918353402, 1, 0.0, 0},
-    {3, 4096, 11008, 0.09193599969148636, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.10345047744325556, 1, 0.0, 0},
+    {256, 256, 256, 0.024992000311613083, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.23098938974579683, 1, 0.0, 0},
+    {512, 512, 512, 0.03200000151991844, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.05498671643960234, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.09616000205278397, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.08221595283008275, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.37646400928497314, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.02117447436994588, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03347982256685439, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.284800052642822, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.025030784936052337, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.9330080151557922, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.042891464351830305, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05740800127387047, 0.0, 8.317766166719343, 8.317766166719343, 0.0017289380130301633, 1, 0.0, 0},
+    {16, 8192, 4096, 0.10809600353240967, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.022555521440482097, 1, 0.0, 0},
+    {64, 4096, 8192, 0.09769599884748459, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03359377426590753, 1, 0.0, 0},
+    {128, 8192, 8192, 0.21985600143671036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.026012071726484752, 1, 0.0, 0},
+    {8192, 128, 8192, 0.220271997153759, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.027902412001391173, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05934400111436844, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.050088617178475306, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1279039978981018, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009660222106203582, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1345279961824417, 0.0, 9.306377560173125, 8.317766166719343, 0.011157304631229766, 1, 0.0, 0},
+    {8, 11008, 4096, 0.13212799280881882, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.029767311277566686, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06172800064086914, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.032258749779248024, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1674399971961975, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.0013904700912872573, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05951999872922897, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.004166528151700367, 1, 0.0, 0},
+    {6, 8192, 4096, 0.10156799852848053, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.008212552903313198, 1, 0.0, 0},
+    {12, 4096, 8192, 0.09279999881982803, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.025393499499864268, 1, 0.0, 0},
+    {5, 4096, 4096, 0.059967998415231705, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.033976067795966944, 1, 0.0, 0},
+    {3, 4096, 11008, 0.11190400272607803, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.002885437446368796, 1, 0.0, 0},
+    {4096, 4096, 512, 1.5503199696540833, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.385839674685624, 1, 0.0, 0},
+    {5120, 7168, 1024, 3.4506720304489136, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.28642731309024183, 1, 0.0, 0},
+    {8192, 8192, 256, 6.13644814491272, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.4074770243177557, 1, 0.0, 0},
+    {2048, 2048, 128, 0.29844799637794495, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10269701399306515, 1, 0.0, 0},
+    {16384, 4096, 64, 6.195791959762573, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4319243175139831, 1, 0.0, 0},
+    {256, 256, 32768, 0.07897599786520004, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.021999682526114405, 1, 0.0, 0},
+    {512, 512, 16384, 0.09704000130295753, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.028434508845139983, 1, 0.0, 0},
+    {128, 1024, 65536, 0.16120000183582306, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.020490828361850667, 1, 0.0, 0},
+    {64, 64, 131072, 0.25678399205207825, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.11379338016361011, 1, 0.0, 0},
+    {384, 384, 24576, 0.12062400206923485, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.012723144553273804, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8446399867534637, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.020831958954615613, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9571840167045593, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.026495217693953743, 1, 0.0, 0},
+    {1536, 2560, 768, 0.31596800684928894, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08799318125971095, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.0976960062980652, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.07290288336898039, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.349792003631592, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.017897902171301522, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.7693760395050049, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.008812953469424983, 1, 0.0, 0},
+    {512, 512, 512, 1.569648027420044, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.3982297408937761, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 3.0990720987319946, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.42295463765352054, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.31542399525642395, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1580190632714599, 256, 5.545177444479562, 0},
+    {512, 512, 64, 3.1172159910202026, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.43373588167488075, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.3924480080604553, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.026592937604833007, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 3.0350239276885986, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.39225653443665254, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.3468639850616455, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.13986387283012577, 1, 0.0, 1},
 };
 static const Point fp32_18_unaligned[] = {
-    {4096, 1, 4096, 0.03907199949026108, 8.317766166719343, 0.0, 8.317766166719343, 0.013170877544459923, 1, 0.0, 0},
-    {1, 4096, 4096, 0.03731200098991394, 0.0, 8.317766166719343, 8.317766166719343, -0.03292019007895125, 1, 0.0, 0},
-    {16, 11008, 4096, 0.25596800446510315, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.14448935291242387, 1, 0.0, 0},
-    {8, 6144, 6144, 0.12126399949193001, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.06728520993649818, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08364800363779068, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.12225996253289552, 1, 0.0, 0},
-    {13, 5000, 3001, 0.11807999759912491, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.538342486373786, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.5800159871578217, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0225616465561429, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.31756800413131714, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03202994886434291, 1, 0.0, 0},
+    {5003, 5003, 5003, 5.55297589302063, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02228836055351724, 1, 0.0, 0},
+    {127, 4099, 1023, 0.07440000027418137, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0678531906304825, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05897599831223488, 8.317766166719343, 0.0, 8.317766166719343, -0.04398313018517, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06272000074386597, 0.0, 8.317766166719343, 8.317766166719343, 0.017566704847507462, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14591999351978302, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.00015951451662310425, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11177600175142288, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.0027158428486410194, 1, 0.0, 0},
+    {4096, 12, 4096, 0.09779199957847595, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.37405991944151584, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06550399959087372, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.005856916421118242, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.4407360553741455, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.041241041602857374, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.13849599659442902, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.024020796193363354, 1, 0.0, 0},
 };
 static const Point fp32_19_aligned[] = {
-    {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.008517209611606258, 1, 0.0, 0},
-    {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.00869960476050063, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.008512161587511944, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.4678080081939697, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.042478962158328505, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.590672016143799, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.018941804846712634, 1, 0.0, 0},
-    {8192, 8192, 8192, 25.99796772003174, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06235647666649874, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.7869600057601929, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20615411577263434, 1, 0.0, 0},
-    {1, 4096, 4096, 0.22563199698925018, 0.0, 8.317766166719343, 8.317766166719343, 0.12792970328443484, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2107519954442978, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.020463727937458098, 1, 0.0, 0},
-    {64, 4096, 8192, 0.419871985912323, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0468981254676572, 1, 0.0, 0},
-    {128, 8192, 8192, 0.4219520092010498, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04971659522982915, 1, 0.0, 0},
-    {8192, 128, 8192, 0.46350400149822235, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.04420683766368776, 1, 0.0, 0},
-    {4096, 32, 4096, 0.20904000103473663, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04525047290454669, 1, 0.0, 0},
-    {80, 8192, 4096, 0.20457600057125092, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0598296386928391, 1, 0.0, 0},
-    {1, 11008, 4096, 0.40299201011657715, 0.0, 9.306377560173125, 8.317766166719343, 0.018854818620808237, 1, 0.0, 0},
-    {8, 11008, 4096, 0.3922240138053894, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.012199797463493024, 1, 0.0, 0},
-    {16, 4096, 4096, 0.21804800629615784, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08744009765584519, 1, 0.0, 0},
-    {4, 14336, 4096, 0.3973439931869507, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.008561500962162315, 1, 0.0, 0},
-    {4096, 16, 4096, 0.20838400721549988, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.04546221579615527, 1, 0.0, 0},
-    {6, 8192, 4096, 0.2019840031862259, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.013895221867038302, 1, 0.0, 0},
-    {12, 4096, 8192, 0.3988800048828125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.01756058921834051, 1, 0.0, 0},
-    {5, 4096, 4096, 0.2197760045528412, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09994947461152542, 1, 0.0, 0},
-    {3, 4096, 11008, 0.5852960050106049, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.11398447033018717, 1, 0.0, 0},
-    {4096, 4096, 512, 0.47545599937438965, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.01597739435928242, 1, 0.0, 0},
-    {5120, 7168, 1024, 2.014799952507019, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04618136790339656, 1, 0.0, 0},
-    {8192, 8192, 256, 0.9607200026512146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.009004374996805741, 1, 0.0, 0},
-    {2048, 2048, 128, 0.03868800029158592, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.011863019582854984, 1, 0.0, 0},
-    {16384, 4096, 64, 0.326447993516922, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.00934889685567951, 1, 0.0, 0},
-    {256, 256, 32768, 1.6740480065345764, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.10179928385696639, 1, 0.0, 0},
-    {512, 512, 16384, 0.8447359800338745, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.07514211580220478, 1, 0.0, 0},
-    {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09694523570022412, 1, 0.0, 0},
-    {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.10278706244886278, 1, 0.0, 0},
-    {384, 384, 24576, 1.4749760031700134, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.24817243734273486, 1, 0.0, 0},
-    {1280, 1920, 16384, 2.399616003036499, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.058752481386799234, 1, 0.0, 0},
-    {1024, 1024, 49152, 2.853983998298645, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.08330232261721726, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1918719932436943, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09751482739388867, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.193888008594513, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.024591314337041825, 1, 0.0, 0},
-    {4096, 11008, 4096, 9.481344223022461, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022317517066664898, 1, 0.0, 0},
-    {1024, 14336, 4096, 3.042191982269287, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.013504653464512031, 1, 0.0, 0},
-    {512, 512, 512, 0.4453760087490082, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.049378058987768356, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.29820799827575684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07822877661090122, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.0432640016078949, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.09992841603313446, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.18350400030612946, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.09635246633613809, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11670400202274323, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.03606859729795824, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.5162879824638367, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.044108925901319304, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 4.771375894546509, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3035219183490128, 1, 0.0, 1},
+    {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.008509996916390131, 1, 0.0, 0},
+    {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.008724181919907181, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.008524292446647883, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.4678080081939697, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.042477717089426936, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.590672016143799, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.018938986204947817, 1, 0.0, 0},
+    {8192, 8192, 8192, 25.99796772003174, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06235812047105142, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.7869600057601929, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20614849832395904, 1, 0.0, 0},
+    {1, 4096, 4096, 0.22563199698925018, 0.0, 8.317766166719343, 8.317766166719343, 0.12786031978899978, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2107519954442978, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.020417316377868578, 1, 0.0, 0},
+    {64, 4096, 8192, 0.419871985912323, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04684100296448017, 1, 0.0, 0},
+    {128, 8192, 8192, 0.4219520092010498, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04971725354826354, 1, 0.0, 0},
+    {8192, 128, 8192, 0.46350400149822235, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.04420617934525334, 1, 0.0, 0},
+    {4096, 32, 4096, 0.20904000103473663, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04518483800062148, 1, 0.0, 0},
+    {80, 8192, 4096, 0.20457600057125092, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.05984775599839046, 1, 0.0, 0},
+    {1, 11008, 4096, 0.40299201011657715, 0.0, 9.306377560173125, 8.317766166719343, 0.018787651957004388, 1, 0.0, 0},
+    {8, 11008, 4096, 0.3922240138053894, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.012264607162582418, 1, 0.0, 0},
+    {16, 4096, 4096, 0.21804800629615784, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08737446275191983, 1, 0.0, 0},
+    {4, 14336, 4096, 0.3973439931869507, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.008620809032097373, 1, 0.0, 0},
+    {4096, 16, 4096, 0.20838400721549988, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0453945875202305, 1, 0.0, 0},
+    {6, 8192, 4096, 0.2019840031862259, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.013946321537616798, 1, 0.0, 0},
+    {12, 4096, 8192, 0.3988800048828125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.017490490134695225, 1, 0.0, 0},
+    {5, 4096, 4096, 0.2197760045528412, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09988109536380757, 1, 0.0, 0},
+    {3, 4096, 11008, 0.5852960050106049, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.11391114512875114, 1, 0.0, 0},
+    {4096, 4096, 512, 0.47545599937438965, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.015973924976410325, 1, 0.0, 0},
+    {5120, 7168, 1024, 2.014799952507019, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04617989075796968, 1, 0.0, 0},
+    {8192, 8192, 256, 0.9607200026512146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.009010446616848614, 1, 0.0, 0},
+    {2048, 2048, 128, 0.03868800029158592, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.011848858796552992, 1, 0.0, 0},
+    {16384, 4096, 64, 0.326447993516922, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.009333659807053654, 1, 0.0, 0},
+    {256, 256, 32768, 1.6740480065345764, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.101712685727551, 1, 0.0, 0},
+    {512, 512, 16384, 0.8447359800338745, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.07507535421423346, 1, 0.0, 0},
+    {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09686461504934418, 1, 0.0, 0},
+    {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.10269365161435542, 1, 0.0, 0},
+    {384, 384, 24576, 1.4749760031700134, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.24809419942010322, 1, 0.0, 0},
+    {1280, 1920, 16384, 2.399616003036499, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.0587724768302649, 1, 0.0, 0},
+    {1024, 1024, 49152, 2.853983998298645, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.08329995164097566, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1918719932436943, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09751131792571109, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.193888008594513, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.024593975685358982, 1, 0.0, 0},
+    {4096, 11008, 4096, 9.481344223022461, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022316360741097566, 1, 0.0, 0},
+    {1024, 14336, 4096, 3.042191982269287, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.013507431621962222, 1, 0.0, 0},
+    {512, 512, 512, 0.4453760087490082, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04938152837064047, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.29820799827575684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07821989158805635, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.0432640016078949, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.09994257681943666, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.18350400030612946, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.09633954382854373, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11670400202274323, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.03606585440033847, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.5162879824638367, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.044102764876556164, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 4.771375894546509, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.30351894863678497, 1, 0.0, 1},
 };
 static const Point fp32_19_unaligned[] = {
-    {2047, 2047, 2047, 0.5801920294761658, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.010641321733616989, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.3253439962863922, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.006618065800733647, 1, 0.0, 0},
-    {5003, 5003, 5003, 7.929776191711426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.0062903747967808545, 1, 0.0, 0},
-    {127, 4099, 1023, 0.1748799979686737, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.8565769441121662, 1, 0.0, 0},
-    {4096, 1, 4096, 0.26977600157260895, 8.317766166719343, 0.0, 8.317766166719343, 0.09849931979670587, 1, 0.0, 0},
-    {1, 4096, 4096, 0.2364320009946823, 0.0, 8.317766166719343, 8.317766166719343, -0.0336173093568611, 1, 0.0, 0},
-    {16, 11008, 4096, 0.49164798855781555, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.010287004805612348, 1, 0.0, 0},
-    {8, 6144, 6144, 0.3686720132827759, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.007833030323917719, 1, 0.0, 0},
-    {4096, 12, 4096, 0.2590080052614212, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.05573007495849939, 1, 0.0, 0},
-    {13, 5000, 3001, 0.18092800676822662, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.02288387882481132, 1, 0.0, 0},
-    {4096, 4096, 4096, 4.385200023651123, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0024041439182165745, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07804799824953079, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.006870444606809618, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.5801920294761658, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0106436019113837, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.3253439962863922, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.006605282179280288, 1, 0.0, 0},
+    {5003, 5003, 5003, 7.929776191711426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.006289778705794333, 1, 0.0, 0},
+    {127, 4099, 1023, 0.1748799979686737, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.8565518383244066, 1, 0.0, 0},
+    {4096, 1, 4096, 0.26977600157260895, 8.317766166719343, 0.0, 8.317766166719343, 0.0984374092436009, 1, 0.0, 0},
+    {1, 4096, 4096, 0.2364320009946823, 0.0, 8.317766166719343, 8.317766166719343, -0.03367911054354101, 1, 0.0, 0},
+    {16, 11008, 4096, 0.49164798855781555, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.010339655621476445, 1, 0.0, 0},
+    {8, 6144, 6144, 0.3686720132827759, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.007778806827302077, 1, 0.0, 0},
+    {4096, 12, 4096, 0.2590080052614212, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.05566936521204444, 1, 0.0, 0},
+    {13, 5000, 3001, 0.18092800676822662, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.02293759470754909, 1, 0.0, 0},
+    {4096, 4096, 4096, 4.385200023651123, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.002404733243551894, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07804799824953079, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.006865052445096883, 1, 0.0, 0},
 };
 
 static const Member members[20] = {
     {128, 128, 32, 1, 1, true, true,
-     {fp32_0_aligned, 46, {0.008309212196334565, 0.0011080495390012632, 0.0015897451349025599, 0.03805211910697831, 5.635510783660265}, 1.0488927586259618},
-     {fp32_0_unaligned, 12, {0.0, 0.0008583226602039142, 0.019783554603772686, 0.2711815805154106, 0.0}, 1.0}
+     {fp32_0_aligned, 46, {0.008310796573393212, 0.0011082772049640678, 0.0015896927039879163, 0.03799584243291803, 5.63562764068474}, 1.0489019359948506},
+     {fp32_0_unaligned, 12, {0.0, 0.0008578416555589226, 0.01978221840243461, 0.2713038893049567, 0.0}, 1.0}
      , true
      , false, 0
     },
-    {16, 16, 512, 1, 3, true, false,
-     {fp32_1_aligned, 11, {0.009424945214861969, 0.0012766732098952436, 0.009031073258594096, 0.1240129503375374, 2.4763256347732656}, 1.0},
-     {fp32_1_unaligned, 6, {0.0, 0.004567286784942673, 0.0, 0.0, 0.0}, 1.0}
+    {16, 16, 512, 1, 2, true, false,
+     {fp32_1_aligned, 11, {0.014215028867805552, 0.0, 0.002890353824695973, 0.26316173001721366, 0.0}, 1.0},
+     {fp32_1_unaligned, 6, {0.0034733971010967356, 0.003836605662311638, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {fp32_2_aligned, 46, {0.007313665792632044, 0.0008735566994892843, 0.0019092808423028383, 0.04783428942944445, 0.0}, 1.046586066449056},
-     {fp32_2_unaligned, 12, {0.0, 0.0007505975113992312, 0.00536675141777696, 0.30317976963507787, 0.0}, 1.0}
+     {fp32_2_aligned, 46, {0.007313579542835355, 0.0008735773901486837, 0.0019092941937889818, 0.047828932423816174, 0.0}, 1.0465883416405815},
+     {fp32_2_unaligned, 12, {0.0, 0.0007504076711385315, 0.0053706532520930335, 0.3032217758609515, 0.0}, 1.0}
+     , false
+     , false, 0
+    },
+    {64, 64, 32, 2, 1, true, true,
+     {fp32_3_aligned, 46, {0.006899712591744272, 0.0005331473716423378, 0.0014733053297488208, 0.0, 0.0}, 1.0028070048967828},
+     {fp32_3_unaligned, 12, {0.014285415711067156, 0.0004823370408717696, 0.002969210023586471, 0.022700222717697675, 0.0}, 1.0}
      , false
      , false, 0
     },
     {16, 32, 512, 1, 1, true, false,
-     {fp32_3_aligned, 11, {0.011913222284266401, 0.0032616716126376176, 0.002555218931228586, 0.0, 0.0}, 1.0},
-     {fp32_3_unaligned, 6, {0.007717514430147433, 0.004861236030465197, 0.0, 0.0, 0.0}, 1.0}
+     {fp32_4_aligned, 11, {0.012011159443385178, 0.003254745829476407, 0.0025738028180054932, 0.0, 0.0}, 1.0},
+     {fp32_4_unaligned, 6, {0.007863133472327652, 0.00484282998480388, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 3
     },
-    {64, 64, 32, 2, 1, true, true,
-     {fp32_4_aligned, 46, {0.006899712591744272, 0.0005331473716423378, 0.0014733053297488208, 0.0, 0.0}, 1.0028070048967828},
-     {fp32_4_unaligned, 12, {0.014333919198325962, 0.00048231262761657724, 0.0029492365167112173, 0.022885175740221843, 0.0}, 1.0}
-     , false
-     , false, 0
-    },
     {64, 64, 32, 128, 1, true, true,
-     {fp32_5_aligned, 46, {0.02974499516476025, 0.0, 0.002045886889449619, 0.19691220113461633, 2.446303269800325}, 1.3371608484764697},
-     {fp32_5_unaligned, 12, {0.026788015415189183, 0.0, 0.0012059637851226373, 0.1711824990737146, 48.310519459424555}, 1.0}
+     {fp32_5_aligned, 46, {0.029745198995827924, 0.0, 0.002045753840797053, 0.19690800986234364, 2.4522510645222835}, 1.3371566128234074},
+     {fp32_5_unaligned, 12, {0.02673975325450437, 0.0, 0.0012031125500044614, 0.17229371941917787, 48.59531693322664}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 2, 1, true, true,
-     {fp32_6_aligned, 46, {0.005694305923647176, 0.0009396480395729745, 0.0054010170522923616, 0.049190381035103106, 0.1378361827423624}, 1.0079902980538678},
-     {fp32_6_unaligned, 12, {0.008708671383436721, 0.0005974760140120233, 0.0, 0.33696472989309695, 1.8405141437635615}, 1.0}
+     {fp32_6_aligned, 46, {0.0056943779008655, 0.000939688429761091, 0.0054006978759277915, 0.04918002972136663, 0.1378782034835357}, 1.007992464219123},
+     {fp32_6_unaligned, 12, {0.008720932904957453, 0.0005964535416348661, 0.0, 0.3373295600228812, 1.8384184046212781}, 1.0}
      , false
      , false, 0
     },
-    {16, 4, 512, 1, 4, true, false,
-     {fp32_7_aligned, 11, {0.019762630017470466, 0.0008263604586012645, 0.0, 0.04045429968141116, 0.0}, 1.0},
-     {fp32_7_unaligned, 6, {0.0, 0.0021968272828672953, 0.0, 0.0, 0.0}, 1.0}
+    {128, 128, 32, 32, 1, true, true,
+     {fp32_7_aligned, 46, {0.01293317365390705, 0.0008859458870290092, 0.002674545509307198, 0.06304509126793459, 7.878629024442454}, 1.2633918757948872},
+     {fp32_7_unaligned, 12, {0.035312909454491156, 0.0, 0.0006099879143646268, 0.4696146453068369, 20.988619499683537}, 1.0}
+     , false
+     , false, 0
+    },
+    {16, 16, 512, 1, 3, true, false,
+     {fp32_8_aligned, 11, {0.009452206246665505, 0.0012725432689718438, 0.009008377582807708, 0.12446696290865679, 2.4826380386293674}, 1.0},
+     {fp32_8_unaligned, 6, {0.0, 0.004567286784942673, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 0
     },
-    {128, 128, 32, 32, 1, true, true,
-     {fp32_8_aligned, 46, {0.012929539231751762, 0.0008862843497373986, 0.002673324172567334, 0.06297561735330798, 7.880314358387993}, 1.263387698744714},
-     {fp32_8_unaligned, 12, {0.035397887740288174, 0.0, 0.0006012872740311276, 0.4698567720129574, 20.991639237517788}, 1.0}
-     , false
-     , false, 0
-    },
     {128, 64, 32, 1, 1, true, true,
-     {fp32_9_aligned, 46, {0.005309738399861974, 0.0006992407412598959, 0.0008434750896334277, 0.008202159072769197, 0.0}, 1.0326750953837847},
-     {fp32_9_unaligned, 12, {0.010318619857870137, 0.0004149886735669269, 0.008770092420543442, 0.1694200938604986, 0.0}, 1.0}
+     {fp32_9_aligned, 46, {0.005309605524244299, 0.0006992631655242169, 0.0008434734018117543, 0.008195679283598767, 0.0}, 1.0326759258380722},
+     {fp32_9_unaligned, 12, {0.01031112609967864, 0.00041480599583626433, 0.00877947839726137, 0.16945550701264386, 0.0}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 8, 1, true, true,
-     {fp32_10_aligned, 46, {0.010817974838513883, 0.0008238830038198585, 0.004593653812712724, 0.06844156825959187, 1.5412288168013863}, 1.0422443319649677},
-     {fp32_10_unaligned, 12, {0.017262757716059073, 0.0, 0.005176956254699662, 0.4186355904051592, 3.3252946289286616}, 1.0}
+     {fp32_10_aligned, 46, {0.010821388396161875, 0.0008237914219428407, 0.004595331421453226, 0.06846303636218004, 1.540197440232771}, 1.0422494615584368},
+     {fp32_10_unaligned, 12, {0.01727448432704957, 0.0, 0.005173331019899963, 0.41867522866673623, 3.325532586100721}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {fp32_11_aligned, 46, {0.006869109797630595, 0.0009383113832456298, 0.0014822333167588953, 0.051560698588095234, 0.0}, 1.0279575729806838},
-     {fp32_11_unaligned, 12, {0.0, 0.0007597150129478575, 0.004355845510342982, 0.30664599028655093, 0.0}, 1.0}
+     {fp32_11_aligned, 46, {0.006869009296389696, 0.0009383376819389744, 0.0014822467923967545, 0.051553997297639466, 0.0}, 1.0279601564680432},
+     {fp32_11_unaligned, 12, {0.0, 0.0007595273950357443, 0.004359698746723077, 0.30668749514417837, 0.0}, 1.0}
+     , false
+     , false, 0
+    },
+    {16, 4, 512, 1, 4, true, false,
+     {fp32_12_aligned, 11, {0.019771674240315822, 0.0008244669064176634, 0.0, 0.0407389198134493, 0.0}, 1.0},
+     {fp32_12_unaligned, 6, {0.0, 0.0021968272828672953, 0.0, 0.0, 0.0}, 1.0}
+     , false
+     , true, 0
+    },
+    {64, 64, 32, 1, 1, true, true,
+     {fp32_13_aligned, 46, {0.005157660940895268, 0.0006506715124119038, 0.0013836929333314932, 0.0, 0.0}, 1.0272178464164357},
+     {fp32_13_unaligned, 12, {0.009208975040651567, 0.0006493573596961022, 0.0005419473596522932, 0.01170767152559294, 0.0}, 1.0}
      , false
      , false, 0
     },
     {16, 16, 512, 1, 2, true, false,
-     {fp32_12_aligned, 11, {0.012731208464527034, 0.0025000322182908113, 0.0019054591178930549, 0.06416735882845075, 0.0}, 1.0},
-     {fp32_12_unaligned, 6, {0.008357073466892868, 0.004514905402776286, 0.0, 0.0, 0.0}, 1.0}
+     {fp32_14_aligned, 11, {0.012731208464527034, 0.0025000322182908113, 0.0019054591178930549, 0.06416735882845075, 0.0}, 1.0},
+     {fp32_14_unaligned, 6, {0.008357073466892868, 0.004514905402776286, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 3
     },
-    {64, 64, 32, 1, 1, true, true,
-     {fp32_13_aligned, 46, {0.005157703920029672, 0.000650631481872862, 0.0013839598697983576, 0.0, 0.0}, 1.0272273239777292},
-     {fp32_13_unaligned, 12, {0.009209023400836982, 0.0006493369863353643, 0.0005418944647663323, 0.0117181945402633, 0.0}, 1.0}
-     , false
-     , false, 0
-    },
     {64, 128, 32, 4, 1, true, true,
-     {fp32_14_aligned, 46, {0.00914698777275598, 0.0007585637732796522, 0.0032301947048378908, 0.0, 0.0}, 1.0136200675756788},
-     {fp32_14_unaligned, 12, {0.018249463331492088, 0.0005863125459474379, 0.004737413475253914, 0.14894914155929742, 0.0}, 1.0}
+     {fp32_15_aligned, 46, {0.009147126328026625, 0.0007585766985547824, 0.003230288923336982, 0.0, 0.0}, 1.013619132007891},
+     {fp32_15_unaligned, 12, {0.018265038883605075, 0.0005860757017276332, 0.004731965291604959, 0.14908602872610957, 0.0}, 1.0}
      , false
      , false, 0
     },
     {128, 64, 32, 4, 1, true, true,
-     {fp32_15_aligned, 46, {0.006854365036087619, 0.000746439289041151, 0.003232448167116533, 0.0, 0.0}, 1.0088898033935265},
-     {fp32_15_unaligned, 12, {0.01882825494175163, 0.00036019259962614324, 0.0, 0.19155241163458572, 2.84041407927165}, 1.0}
+     {fp32_16_aligned, 46, {0.006854823355904913, 0.0007464892640949827, 0.0032323597815966014, 0.0, 0.0}, 1.0088807186934976},
+     {fp32_16_unaligned, 12, {0.01885485606479814, 0.0003609240401955993, 0.0, 0.1912797687644847, 2.838737809849927}, 1.0}
      , false
      , false, 0
     },
     {64, 64, 32, 4, 1, true, true,
-     {fp32_16_aligned, 46, {0.005692645329264487, 0.0005188253878038289, 0.0029269684469342507, 0.0, 0.0}, 1.0},
-     {fp32_16_unaligned, 12, {0.018860074799349397, 0.0005123543422194773, 0.0020407736088094305, 0.0, 0.409083989589097}, 1.0}
+     {fp32_17_aligned, 46, {0.005694071836860655, 0.0005188930643076012, 0.00292709553147855, 0.0, 0.0}, 1.0},
+     {fp32_17_unaligned, 12, {0.0189393367570491, 0.0005127186403031636, 0.0020244015488845436, 0.0, 0.4127820374915094}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 16, 1, true, true,
-     {fp32_17_aligned, 46, {0.013846287403084688, 0.0008091396422996705, 0.00309945055817144, 0.07454946329503147, 3.8115989425189754}, 1.1085643755285517},
-     {fp32_17_unaligned, 12, {0.02425490362527433, 0.00011863607944817062, 0.0008909554460528377, 0.43976451608083467, 8.632563259601369}, 1.0}
+     {fp32_18_aligned, 46, {0.013851882424457089, 0.0008089128581320699, 0.0031004325973939383, 0.07459565250162976, 3.810692538784793}, 1.1085735508917367},
+     {fp32_18_unaligned, 12, {0.024227494371523866, 0.00011891368266010315, 0.0008953992574141033, 0.4395867299864242, 8.632585649838726}, 1.0}
      , false
      , false, 0
     },
-    {16, 8, 512, 1, 4, true, false,
-     {fp32_18_aligned, 11, {0.021907650811577264, 0.0021326203176451203, 0.0, 0.0, 0.0}, 1.0},
-     {fp32_18_unaligned, 6, {0.0030998735865673263, 0.004029646307115933, 0.0, 0.0, 0.0}, 1.0}
-     , false
-     , true, 0
-    },
     {128, 64, 32, 1, 1, true, false,
-     {fp32_19_aligned, 46, {0.005346975102461058, 0.0014540833372449582, 0.0016306374138402734, 0.07976753999491433, 0.0}, 1.2985231718374266},
-     {fp32_19_unaligned, 12, {0.0, 0.001757686080339856, 0.013642466245569211, 0.08640337147058376, 0.0}, 1.0}
+     {fp32_19_aligned, 46, {0.005345991486209082, 0.0014542203599312471, 0.0016307261776838968, 0.0797254553691476, 0.0}, 1.2985276451998329},
+     {fp32_19_unaligned, 12, {0.0, 0.0017578324485444227, 0.013641954959184546, 0.08635771189063829, 0.0}, 1.0}
      , false
      , false, 0
     },
