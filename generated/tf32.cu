@@ -9,37 +9,36 @@
 //   }
 //
 // TF32 inputs (timed against cuBLAS TF32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 58 shapes; 220 candidate kernels
-// timed, 21 kept:
-//   tf32_0   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 60 shapes; 220 candidate kernels
+// timed, 20 kept:
+//   tf32_0   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_1   decode=4x8x2 math=tf32  (sm_90, from lib_tf32_decode_tc)
-//   tf32_2   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=8  (sm_90a, from lib_tf32_skinny)
-//   tf32_3   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
-//   tf32_4   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
-//   tf32_5   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=4-workspace  (sm_90a, from lib_tf32_skinny_workspace)
-//   tf32_6   block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
-//   tf32_7   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
-//   tf32_8   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_tf32_split_workspace)
-//   tf32_9   block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
-//   tf32_10  block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
-//   tf32_11  decode=1x4x2  (sm_90, from lib_tf32_decode)
-//   tf32_12  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
-//   tf32_13  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3-workspace  (sm_90a, from lib_tf32_split_workspace)
-//   tf32_14  block=128x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_tf32_split_workspace)
-//   tf32_15  block=128x240x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_wide)
-//   tf32_16  block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 split=8-workspace  (sm_90a, from lib_tf32_skinny_workspace)
-//   tf32_17  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
+//   tf32_2   block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
+//   tf32_3   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
+//   tf32_4   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=4-workspace  (sm_90a, from lib_tf32_skinny_workspace)
+//   tf32_5   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
+//   tf32_6   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
+//   tf32_7   block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
+//   tf32_8   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3-workspace  (sm_90a, from lib_tf32_split_workspace)
+//   tf32_9   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_tf32_split_workspace)
+//   tf32_10  block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
+//   tf32_11  block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 split=8-workspace  (sm_90a, from lib_tf32_skinny_workspace)
+//   tf32_12  decode=1x4x2  (sm_90, from lib_tf32_decode)
+//   tf32_13  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
+//   tf32_14  block=128x240x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_wide)
+//   tf32_15  block=128x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_tf32_split_workspace)
+//   tf32_16  block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=8-workspace  (sm_90a, from lib_tf32_skinny_workspace)
+//   tf32_17  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_18  decode=2x16x2 math=tf32  (sm_90, from lib_tf32_decode_tc)
-//   tf32_19  block=128x256x32 math=tf32 vec=A1B1 stages=3 frag=1 group=8 staged  (sm_90a, from lib_tf32_staged)
-//   tf32_20  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
+//   tf32_19  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.000, worst 1.349.
+// over the best there: median 1.000, worst 1.281.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere tf32_20 runs.
+// compute capability 9.0; elsewhere tf32_19 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 tf32.cu
@@ -59,13 +58,13 @@
 //   kernel tf32_0 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   6 tma
+//     stages   4 tma
 //     raster   group 8
-//     schedule pingpong
+//     schedule stream-k
 //     epilogue alpha beta staged
 //   }
 //
@@ -73,13 +72,13 @@
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
+//   block tile (BM x BN x BK)  128 x 128 x 32
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 181344 bytes per block
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 164928 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
+//   schedule                   stream-k: min(SMs, K tiles in all) blocks; whole waves of C tiles stay whole, the last partial wave and one before it are dealt out by K tile; the last block to write its piece of a shared tile adds all the pieces in K order (workspace, no waiting: the same bits every run)
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
@@ -530,10 +529,10 @@ static inline int gemmgen_tf32_0_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_0_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 6;
+constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
@@ -545,7 +544,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
 constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
 
-constexpr int SMEM_BYTES = 181344;
+constexpr int SMEM_BYTES = 164928;
 static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
@@ -705,11 +704,6 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
-// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
-// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
-__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
-__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
-
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
 __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 #pragma unroll
@@ -718,7 +712,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- the tile scheduler (schedule pingpong) -----------------------------------------
+// ---- the tile scheduler (schedule stream-k) -----------------------------------------
 // Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
 // consumers walk the same list, so the producer's copies run on into the next tile while the
 // consumers store the last one.
@@ -731,15 +725,57 @@ struct Segment {
 struct Schedule {
     int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
     int k_tiles;    // K tiles per C tile
+    int sk_tiles;   // tiles 0 .. sk_tiles - 1 are dealt out by K tile (stream-K); the rest go whole
+    int sk_share;   // stream-K: each block takes sk_share of their K tiles, the first sk_extra one more
+    int sk_extra;
+    int sk_next;    // this block's stream-K K tiles still to walk, numbered over all of them
+    int sk_end;
     int next_tile;  // this block's next whole tile
 
     __device__ Schedule(int M, int N, int K, int batch) {
         tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
         k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
+        // Whole waves of tiles stay whole. The last, partial wave and one whole wave before it are
+        // dealt out by K tile, so that every block ends at once and no tile is cut in more than a
+        // few pieces; with fewer tiles than blocks, all of them. (Tiles that fill every wave: none.)
+        const int blocks = gridDim.x;
+        const int waves = tiles / blocks, rest = tiles % blocks;
+        sk_tiles = rest == 0 ? 0 : (waves == 0 ? tiles : blocks + rest);
+        const int sk_iterations = sk_tiles * k_tiles;  // the launcher starts no more blocks than this
+        sk_share = sk_iterations / blocks;
+        sk_extra = sk_iterations % blocks;
+        sk_next = first_iteration(blockIdx.x);
+        sk_end = first_iteration(blockIdx.x + 1);
+        next_tile = sk_tiles + blockIdx.x;
+    }
+
+    // Blocks 0 .. sk_extra - 1 take sk_share + 1 stream-K K tiles each, the others sk_share.
+    __device__ int first_iteration(int block) const {
+        return block * sk_share + min(block, sk_extra);
+    }
+
+    __device__ int block_of_iteration(int i) const {
+        const int long_part = sk_extra * (sk_share + 1);
+        return i < long_part ? i / (sk_share + 1) : sk_extra + (i - long_part) / max(sk_share, 1);
+    }
+
+    // The first and the last block that multiply some of stream-K tile `tile`'s K tiles.
+    __device__ int first_block_of(int tile) const {
+        return block_of_iteration(tile * k_tiles);
+    }
+
+    __device__ int last_block_of(int tile) const {
+        return block_of_iteration((tile + 1) * k_tiles - 1);
     }
 
     __device__ bool next(Segment& segment) {
+        if (sk_next < sk_end) {
+            segment.tile = sk_next / k_tiles;
+            segment.k_begin = sk_next % k_tiles;
+            segment.k_end = min(k_tiles, segment.k_begin + (sk_end - sk_next));
+            sk_next += segment.k_end - segment.k_begin;
+            return true;
+        }
         if (next_tile >= tiles) return false;
         segment.tile = next_tile;
         segment.k_begin = 0;
@@ -747,19 +783,78 @@ struct Schedule {
         next_tile += gridDim.x;
         return true;
     }
-
-    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
-    __device__ int tiles_left() const {
-        const int stride = gridDim.x;
-        return (tiles - next_tile + stride - 1) / stride;
-    }
 };
+
+// ---- stream-K fix-up: C tiles whose K tiles several blocks shared -----------------------------
+// Every block that multiplied some of a shared tile's K tiles (a piece) writes its partial sums to
+// the workspace and counts itself in; the last to arrive, per consumer warp, adds all the pieces in
+// their order along K (first piece first), so the sum is the same bits every run whichever block
+// arrives last, and stores that warp's part of the tile. No block waits for another: the kernel
+// is safe however many of its blocks are resident at once.
+// The workspace starts with the counters, MAX_SHARED_TILES x CONSUMER_WARPS of them at a fixed
+// place whatever the grid; the launcher hands them over zeroed and the last arrival zeroes its
+// counter again, for the next launch on the same workspace. Then two slots per block of BM x BN
+// sums, each consumer thread's accumulators CONSUMER_THREADS apart (a warp's accesses adjacent):
+// slot 2b for the piece block b begins with (the end of a tile), slot 2b + 1 for the one it ends
+// with (the start of a tile).
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int CONSUMER_WARPS = CONSUMERS * 4;
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int MAX_BLOCKS = 1024;  // the launcher starts no more
+constexpr int MAX_SHARED_TILES = 2 * MAX_BLOCKS;  // stream-K deals at most blocks + (blocks - 1) tiles
+constexpr int COUNTER_WORDS = MAX_SHARED_TILES * CONSUMER_WARPS;
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * TM * RN * TN, "a slot holds every consumer thread's accumulators");
+
+__device__ __forceinline__ float* piece_slot(float* workspace, int block, bool starts_tile) {
+    return workspace + COUNTER_WORDS + (long long)(2 * block + (starts_tile ? 1 : 0)) * SLOT_FLOATS;
+}
+
+// Write this thread's share of a piece of `tile` (one of `pieces`); true for every lane of the
+// warp that arrived last, which then sums the tile's pieces (sum_pieces) and stores it.
+__device__ __forceinline__ bool publish_piece(const float (&acc)[TM][RN * TN], float* workspace, int tile,
+                                              int pieces, bool starts_tile, int consumer_thread) {
+    float* slot = piece_slot(workspace, blockIdx.x, starts_tile) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) __stcg(slot + (i * RN * TN + j) * CONSUMER_THREADS, acc[i][j]);
+    __threadfence();  // every lane's sums, visible to the whole GPU before the warp counts itself in
+    __syncwarp();
+    int arrived = 0;
+    if (consumer_thread % 32 == 0) {
+        int* counter = reinterpret_cast<int*>(workspace) + tile * CONSUMER_WARPS + consumer_thread / 32;
+        arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == pieces) *counter = 0;  // the last: zero again for the next launch
+    }
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != pieces) return false;
+    __threadfence();  // the other pieces' sums, seen after their counts
+    return true;
+}
+
+// acc = the tile's pieces added in order: the first block's last piece, then each later block's first.
+__device__ __forceinline__ void sum_pieces(float (&acc)[TM][RN * TN], float* workspace, int first_block,
+                                           int last_block, int consumer_thread) {
+    const float* head = piece_slot(workspace, first_block, true) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = __ldcg(head + (i * RN * TN + j) * CONSUMER_THREADS);
+    for (int block = first_block + 1; block <= last_block; ++block) {
+        const float* tail = piece_slot(workspace, block, false) + consumer_thread;
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += __ldcg(tail + (i * RN * TN + j) * CONSUMER_THREADS);
+    }
+}
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         const __grid_constant__ TensorMap map_c,
+        float* __restrict__ workspace,
         int batch,
         long long strideA,
         long long strideB,
@@ -787,7 +882,7 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
@@ -823,22 +918,12 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
     int it = 0;  // K tiles of earlier segments
-    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
-    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
-    // other multiplies the next. A consumer waits for its tile's stages only once the other has
-    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
-    const int block_tiles = schedule.tiles_left();
-    for (Segment segment; schedule.next(segment); ++turn) {
-        const int k_tiles = segment.k_end - segment.k_begin;
-        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
-            it += k_tiles;
-            continue;
-        }
-        if (turn > 0) turn_wait(1 + consumer);
+    for (Segment segment; schedule.next(segment);) {
         int block_m0, block_n0, batch_index;
         tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
         const int m_left = M - block_m0;
         const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -846,7 +931,7 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         for (int t = 0; t < k_tiles; ++t) {
             const int s = (it + t) % STAGES;
             barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
+            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
             const float* b_tile = sB + s * B_STAGE_FLOATS;
             fence_accumulators(acc);
             wgmma_fence();
@@ -858,19 +943,24 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             fence_accumulators(acc);
             if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
         }
-        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
-        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
         wgmma_wait<0>();
         fence_accumulators(acc);
         if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
         it += k_tiles;
+        if (segment.k_begin > 0 || segment.k_end < schedule.k_tiles) {  // a piece of a shared tile
+            const int consumer_thread = tid - 128;
+            const int first = schedule.first_block_of(segment.tile), last = schedule.last_block_of(segment.tile);
+            if (!publish_piece(acc, workspace, segment.tile, last - first + 1, segment.k_begin == 0, consumer_thread))
+                continue;  // a piece still to come: the warp that writes it stores this part of the tile
+            sum_pieces(acc, workspace, first, last, consumer_thread);
+        }
 
         if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
             // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
             // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
             // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
             {
-                const int warp_m0 = warp_in_group * 16;  // the warp's first row in its consumer's tile
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
                 float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
                 const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
                 const bool read_c = beta != 0.0f;
@@ -913,7 +1003,7 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             }
         } else {
             // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
             const int thread_n0 = lane % 4 * TN;
             // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
             {
@@ -962,6 +1052,46 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_tf32_0_impl {
+// Stream-K's workspace (see the fix-up above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_tf32_0_impl
+
 static inline int gemmgen_tf32_0_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -1051,20 +1181,24 @@ static inline int gemmgen_tf32_0_batched(int M, int N, int K, float alpha, const
                                        CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, float*, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_0_kernel<true> : gemmgen_tf32_0_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    // The tile scheduler: no more blocks than SMs (nor than K tiles in all), each walking its share of the tiles.
     int device = 0, sms = 0;
     cudaError_t error = cudaGetDevice(&device);
     if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    const long long k_steps = blocks * ((K + BK - 1) / BK);
+    const int most = sms < MAX_BLOCKS ? sms : MAX_BLOCKS;
+    const unsigned grid = (unsigned)(k_steps < most ? k_steps : most);
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * ((size_t)COUNTER_WORDS + 2 * (size_t)grid * SLOT_FLOATS), &workspace);
+    if (error != cudaSuccess) return (int)error;
     kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+        *reinterpret_cast<const TensorMap*>(&map_c), workspace, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -1744,32 +1878,32 @@ static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_2 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   8 tma
-//     raster   row
-//     split    8
-//     epilogue alpha beta
+//     stages   6 tma
+//     raster   group 8
+//     schedule pingpong
+//     epilogue alpha beta staged
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
+//   block tile (BM x BN x BK)  128 x 128 x 32
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197760 bytes per block
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 230496 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_2_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_2(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -1796,7 +1930,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 1;  // each tile rounded to TF32
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -1807,7 +1941,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -1851,8 +1985,11 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -1945,19 +2082,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_2_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
 }
 
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
@@ -2051,14 +2175,6 @@ gemmgen_tf32_2_fallback_kernel(int M, int N, int K, float alpha, const float* __
     B += batch_index * strideB;
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -2147,8 +2263,9 @@ gemmgen_tf32_2_fallback_kernel(int M, int N, int K, float alpha, const float* __
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -2162,7 +2279,13 @@ gemmgen_tf32_2_fallback_kernel(int M, int N, int K, float alpha, const float* __
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
@@ -2203,17 +2326,15 @@ static inline int gemmgen_tf32_2_fallback_batched(int M, int N, int K, float alp
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_2_fallback_kernel<true> : gemmgen_tf32_2_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_2_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -2228,20 +2349,25 @@ static inline int gemmgen_tf32_2_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_2_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 8;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 6;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 2;  // per thread and slab: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 64, SUB_N = 8;  // RM slabs of 64 rows
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 197760;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 230496;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -2276,17 +2402,20 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
+    int block = tile;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -2337,6 +2466,28 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -2359,9 +2510,10 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+// Slab SLAB of acc (this thread's part of the warpgroup's RM slabs of 64 x BN fp32) = A (64 x 8)
+// * B (8 x BN) + (accumulate ? it : 0), both TF32 read from shared memory (the top 19 bits of each float).
+template <int SLAB>
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[RM * TM][RN * TN], unsigned long long a_desc,
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
@@ -2369,35 +2521,65 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                  "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
                  "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[SLAB * TM + 0][0]), "+f"(acc[SLAB * TM + 0][1]), "+f"(acc[SLAB * TM + 1][0]), "+f"(acc[SLAB * TM + 1][1]), "+f"(acc[SLAB * TM + 0][2]), "+f"(acc[SLAB * TM + 0][3]), "+f"(acc[SLAB * TM + 1][2]), "+f"(acc[SLAB * TM + 1][3]), "+f"(acc[SLAB * TM + 0][4]), "+f"(acc[SLAB * TM + 0][5]), "+f"(acc[SLAB * TM + 1][4]), "+f"(acc[SLAB * TM + 1][5]), "+f"(acc[SLAB * TM + 0][6]), "+f"(acc[SLAB * TM + 0][7]), "+f"(acc[SLAB * TM + 1][6]), "+f"(acc[SLAB * TM + 1][7]), "+f"(acc[SLAB * TM + 0][8]), "+f"(acc[SLAB * TM + 0][9]), "+f"(acc[SLAB * TM + 1][8]), "+f"(acc[SLAB * TM + 1][9]), "+f"(acc[SLAB * TM + 0][10]), "+f"(acc[SLAB * TM + 0][11]), "+f"(acc[SLAB * TM + 1][10]), "+f"(acc[SLAB * TM + 1][11]), "+f"(acc[SLAB * TM + 0][12]), "+f"(acc[SLAB * TM + 0][13]), "+f"(acc[SLAB * TM + 1][12]), "+f"(acc[SLAB * TM + 1][13]), "+f"(acc[SLAB * TM + 0][14]), "+f"(acc[SLAB * TM + 0][15]), "+f"(acc[SLAB * TM + 1][14]), "+f"(acc[SLAB * TM + 1][15]), "+f"(acc[SLAB * TM + 0][16]), "+f"(acc[SLAB * TM + 0][17]), "+f"(acc[SLAB * TM + 1][16]), "+f"(acc[SLAB * TM + 1][17]), "+f"(acc[SLAB * TM + 0][18]), "+f"(acc[SLAB * TM + 0][19]), "+f"(acc[SLAB * TM + 1][18]), "+f"(acc[SLAB * TM + 1][19]), "+f"(acc[SLAB * TM + 0][20]), "+f"(acc[SLAB * TM + 0][21]), "+f"(acc[SLAB * TM + 1][20]), "+f"(acc[SLAB * TM + 1][21]), "+f"(acc[SLAB * TM + 0][22]), "+f"(acc[SLAB * TM + 0][23]), "+f"(acc[SLAB * TM + 1][22]), "+f"(acc[SLAB * TM + 1][23]), "+f"(acc[SLAB * TM + 0][24]), "+f"(acc[SLAB * TM + 0][25]), "+f"(acc[SLAB * TM + 1][24]), "+f"(acc[SLAB * TM + 1][25]), "+f"(acc[SLAB * TM + 0][26]), "+f"(acc[SLAB * TM + 0][27]), "+f"(acc[SLAB * TM + 1][26]), "+f"(acc[SLAB * TM + 1][27]), "+f"(acc[SLAB * TM + 0][28]), "+f"(acc[SLAB * TM + 0][29]), "+f"(acc[SLAB * TM + 1][28]), "+f"(acc[SLAB * TM + 1][29]), "+f"(acc[SLAB * TM + 0][30]), "+f"(acc[SLAB * TM + 0][31]), "+f"(acc[SLAB * TM + 1][30]), "+f"(acc[SLAB * TM + 1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
+// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
+// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
+__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
+__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
+
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+__device__ __forceinline__ void fence_accumulators(float (&acc)[RM * TM][RN * TN]) {
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+    for (int i = 0; i < RM * TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_2_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+// ---- the tile scheduler (schedule pingpong) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
     }
-}
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+
+    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
+    __device__ int tiles_left() const {
+        const int stride = gridDim.x;
+        return (tiles - next_tile + stride - 1) / stride;
+    }
+};
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -2412,28 +2594,20 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
@@ -2443,12 +2617,19 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
             }
         }
         return;
@@ -2459,54 +2640,136 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
+    float acc[RM * TM][RN * TN];  // slab r's rows in acc[r * TM] ... acc[r * TM + TM - 1]
+    int it = 0;  // K tiles of earlier segments
+    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
+    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
+    // other multiplies the next. A consumer waits for its tile's stages only once the other has
+    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
+    const int block_tiles = schedule.tiles_left();
+    for (Segment segment; schedule.next(segment); ++turn) {
+        const int k_tiles = segment.k_end - segment.k_begin;
+        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
+            it += k_tiles;
+            continue;
+        }
+        if (turn > 0) turn_wait(1 + consumer);
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < RM * TM; ++i)
 #pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8) {  // each slab: its 64 rows of A, all of B
+                wgmma_tf32<0>(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+                wgmma_tf32<1>(acc, smem_descriptor(a_tile + 64 * BK + kk), smem_descriptor(b_tile + kk));
+            }
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
+        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
+        wgmma_wait<0>();
         fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
 
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            // (A consumer of two 64-row slabs stores them in turn, through the same boxes.)
+            #pragma unroll
+            for (int rm = 0; rm < RM; ++rm) {  // the consumer's slabs, one after the other through the same boxes
+                const int warp_m0 = rm * SUB_M + warp_in_group * 16;  // the warp's first row of slab rm in its consumer's tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[rm * TM + i][a], acc[rm * TM + i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[rm * TM + i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[rm * TM + i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                            }
+                        }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile (slab r: + r * SUB_M)
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
                     }
             }
+        }
     }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
 #endif
 }
 
@@ -2597,17 +2860,35 @@ static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_2_kernel<true> : gemmgen_tf32_2_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_2_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -2631,7 +2912,7 @@ static inline int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* 
 //     load B   vector 1
 //     stages   4 tma
 //     raster   group 8
-//     schedule persistent
+//     cluster  2 x 1
 //     epilogue alpha beta staged
 //   }
 //
@@ -2645,7 +2926,6 @@ static inline int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* 
 //   accumulators               128 floats per consumer thread
 //   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
@@ -3100,6 +3380,15 @@ constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
+// Clusters of CLUSTER_M x CLUSTER_N blocks: block (i, j) of a cluster (rank i + CLUSTER_M j) shares
+// A's tile with the blocks of its row i and B's with those of its column j. Each loads one slice
+// of each shared tile and multicasts it, so a stage is filled by its row and column together.
+constexpr int CLUSTER_M = 2, CLUSTER_N = 1, CLUSTER_BLOCKS = CLUSTER_M * CLUSTER_N;
+constexpr int A_SLICE_ROWS = BM / CLUSTER_N;  // rows of A's tile each block of a row loads
+constexpr int B_SLICE_ROWS = BN / CLUSTER_M;  // rows of B's tile each block of a column loads
+constexpr unsigned ROW_0_BLOCKS = 0x1;     // ranks of row 0: 0, CLUSTER_M, 2 CLUSTER_M, ...
+constexpr unsigned COLUMN_0_BLOCKS = 0x3;  // ranks of column 0: 0 ... CLUSTER_M - 1
+constexpr int SHARERS = CLUSTER_M + CLUSTER_N - 1;  // blocks whose consumers free a stage of this one
 constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
@@ -3149,12 +3438,14 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = tile;
+// Which C tile this block computes, and of which batch. Clusters of CLUSTER_M x CLUSTER_N blocks
+// are numbered along a 1-D grid and walk C in cluster-sized tiles (raster group G: G rows of them
+// at a time, so that neighbouring clusters share A and B in L2); block rank r of a cluster takes
+// the tile (r % CLUSTER_M, r / CLUSTER_M) inside its cluster's. Blocks past C's edge store nothing.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM);  // in cluster tiles
+    const int tiles_n = (N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN);
+    int block = blockIdx.x / CLUSTER_BLOCKS;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
@@ -3163,8 +3454,9 @@ __device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m
     const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
     const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
     const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
+    const int rank = blockIdx.x % CLUSTER_BLOCKS;  // %cluster_ctarank of a 1-D cluster
+    block_m0 = (tile_m * CLUSTER_M + rank % CLUSTER_M) * BM;
+    block_n0 = (tile_n * CLUSTER_N + rank / CLUSTER_M) * BN;
 }
 
 // ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
@@ -3235,6 +3527,44 @@ __device__ __forceinline__ void tma_store_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
 }
 
+// ---- thread-block clusters: the blocks of a cluster fill each other's stages ------------------
+
+__device__ __forceinline__ unsigned block_rank() {  // this block's rank in its cluster
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+
+// Every thread of every block of the cluster: what each did before is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// One arrival on the barrier at the same place in the shared memory of each block in `blocks`
+// (bit r: cluster rank r), this one included if its bit is set.
+__device__ __forceinline__ void barrier_arrive_in(unsigned long long* barrier, unsigned blocks) {
+#pragma unroll
+    for (int rank = 0; rank < CLUSTER_BLOCKS; ++rank)
+        if (blocks >> rank & 1)
+            asm volatile("{\n"
+                         ".reg .b32 remote;\n"
+                         "mapa.shared::cluster.u32 remote, %0, %1;\n"
+                         "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+                         "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
+}
+
+// TMA multicast: the box lands at the same place in the shared memory of each block in `blocks`,
+// and completes bytes on the barrier at the same place in each.
+__device__ __forceinline__ void tma_load_multicast(float* destination, const TensorMap* map,
+                                                   unsigned long long* barrier, int inner, int outer,
+                                                   int batch, unsigned short blocks) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, { %2, %3, %4 }], [%5], %6;\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)), "h"(blocks) : "memory");
+}
+
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -3279,39 +3609,11 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- the tile scheduler (schedule persistent) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K, int batch) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
-    }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-};
-
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (a multi-architecture build compiles it for older GPUs too)
+__cluster_dims__(CLUSTER_BLOCKS, 1, 1)
+#endif
 gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         const __grid_constant__ TensorMap map_c,
@@ -3334,38 +3636,47 @@ gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K, batch);
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const unsigned rank = block_rank(), rank_m = rank % CLUSTER_M, rank_n = rank / CLUSTER_M;
+    const unsigned short row_blocks = ROW_0_BLOCKS << rank_m;                    // share A's tile
+    const unsigned short column_blocks = COLUMN_0_BLOCKS << (CLUSTER_M * rank_n);  // share B's tile
+    const unsigned sharers = row_blocks | column_blocks;  // fill this block's stages, and free them
+    const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+            barrier_init(&empty[s], CONSUMERS * 4 * SHARERS);  // one arrival per consumer warp of each sharer
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
-    __syncthreads();
+    cluster_sync();  // every block's barriers are ready before any block multicasts or frees a stage
 
     if (warpgroup == 0) {
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0, batch_index;
-                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
-                }
+            // This block's slices: rows rank_n * A_SLICE_ROWS ... of A's tile for its row, and
+            // rows rank_m * B_SLICE_ROWS ... of B's tile for its column.
+            const int a_slice = rank_n * A_SLICE_ROWS, b_slice = rank_m * B_SLICE_ROWS;
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);  // freed by every sharer
+                barrier_expect_bytes(&full[s], STAGE_BYTES);  // what the row and column deliver here
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load_multicast(sB + s * B_STAGE_FLOATS + b_slice * BK, &map_b, &full[s], t * BK, block_n0 + b_slice, b_batch, column_blocks);
             }
+            // Stay until every sharer has freed each stage for the last time: no block may then
+            // write into this one's shared memory or arrive on its barriers after it has exited.
+            for (int t = k_tiles > STAGES ? k_tiles - STAGES : 0; t < k_tiles; ++t)
+                barrier_wait(&empty[t % STAGES], (t / STAGES) & 1);
         }
         return;
     }
@@ -3377,115 +3688,107 @@ gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int warp_in_group = tid % 128 / 32;
     int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
-    int it = 0;  // K tiles of earlier segments
-    for (Segment segment; schedule.next(segment);) {
-        int block_m0, block_n0, batch_index;
-        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
-        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
-        for (int i = 0; i < TM; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = (it + t) % STAGES;
-            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-            const float* b_tile = sB + s * B_STAGE_FLOATS;
-            fence_accumulators(acc);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8)
-                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-            wgmma_commit();
-            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-            fence_accumulators(acc);
-            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
-        }
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
-        it += k_tiles;
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
 
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            {
-                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-                const bool swap = lane / 4 % 2;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                                }
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                                // addressed: a register array indexed at run time would go to local memory)
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive_in(&empty[(t - 1) % STAGES], sharers);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    if (k_tiles > 0 && lane == 0) barrier_arrive_in(&empty[(k_tiles - 1) % STAGES], sharers);  // the producers wait for every stage's last use
+
+    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+        {
+            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+            const bool read_c = beta != 0.0f;
+            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+            const bool swap = lane / 4 % 2;
+            if (warp_m0 < m_left) {
+        #pragma unroll
+                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                    if (box_n * C_BOX_N >= n_left) break;
+                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                    __syncwarp();
+        #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+        #pragma unroll
+                            for (int v = 0; v < TN; ++v) {
+                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
                             }
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                            // addressed: a register array indexed at run time would go to local memory)
+                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
                         }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                        ++stored_boxes;
                     }
+                    fence_shared_for_tma();
+                    __syncwarp();
+                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                    ++stored_boxes;
                 }
             }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
+        }
+    } else {
+        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+        const int thread_n0 = lane % 4 * TN;
+        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+        {
+            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+            const bool read_c = beta != 0.0f;
+        #pragma unroll
+            for (int rm = 0; rm < RM; ++rm)
+        #pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                    if (m >= m_left) continue;
+        #pragma unroll
+                    for (int rn = 0; rn < RN; ++rn)
+        #pragma unroll
+                        for (int j = 0; j < TN; j += CV) {
+                            const int n = thread_n0 + rn * SUB_N + j;
+                            if (n + CV - 1 >= n_left) continue;
+                            float* c = C_tile + (long long)(m) * ldc + (n);
+                            float old[CV], out[CV];
+                            if (read_c) load_vec<CV>(old, c);
+        #pragma unroll
+                            for (int v = 0; v < CV; ++v) {
+                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
                             }
-                    }
-            }
+                            store_vec<CV>(c, out);
+                        }
+                }
         }
     }
     if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
@@ -3530,7 +3833,9 @@ static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const
         return gemmgen_tf32_3_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    // Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).
+    const long long blocks = (long long)((M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM)) *
+                             ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
 
     // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
@@ -3562,7 +3867,7 @@ static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const
     const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
     const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
     const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
+    const cuuint32_t box_rows[2] = {A_SLICE_ROWS, B_SLICE_ROWS};  // each block of a cluster loads slices
     for (int i = 0; i < 2; ++i) {
         const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
         const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
@@ -3598,14 +3903,7 @@ static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const
         aligned ? gemmgen_tf32_3_kernel<true> : gemmgen_tf32_3_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
         *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
@@ -3625,13 +3923,13 @@ static inline int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_4 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 64 x 32
+//     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
+//     stages   8 tma
 //     raster   row
-//     split    128
+//     split    4 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -3639,18 +3937,18 @@ static inline int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 66624 bytes per block
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197768 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    128 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_4_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_4(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -3688,7 +3986,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -4109,887 +4407,6 @@ static inline int gemmgen_tf32_4_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_4_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 66624;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_4_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_4_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_4_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_4_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_4_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_4_kernel<true> : gemmgen_tf32_4_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_4_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_4_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 5: tf32_5 ===========================================
-// gemmgen_tf32_5: generated by gemmgen 0.1.0 from <library tf32: tf32_5> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_5 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 128 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   8 tma
-//     raster   row
-//     split    4 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197768 bytes per block
-//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_5_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_5(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_5_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_5_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_5_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_5_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_5_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_5_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_5_fallback_kernel<true> : gemmgen_tf32_5_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_5_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_5_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_5_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_5_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
@@ -5211,7 +4628,7 @@ __device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], floa
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         float* __restrict__ workspace,
         int batch,
@@ -5337,7 +4754,7 @@ gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 #endif
 }
 
-}  // namespace gemmgen_tf32_5_impl
+}  // namespace gemmgen_tf32_4_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -5352,7 +4769,7 @@ gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 #include <mutex>
 
-namespace gemmgen_tf32_5_impl {
+namespace gemmgen_tf32_4_impl {
 // Split K's workspace (see split K above): one per device and stream, since kernels on one
 // stream run one after another and can share it. It is grown when a call needs more and kept; it
 // is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
@@ -5388,13 +4805,13 @@ static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t byte
     *workspace = static_cast<float*>(entry->memory);
     return cudaSuccess;
 }
-}  // namespace gemmgen_tf32_5_impl
+}  // namespace gemmgen_tf32_4_impl
 
-static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_4_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_5_impl;
+    using namespace gemmgen_tf32_4_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -5412,7 +4829,7 @@ static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_tf32_5_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_tf32_4_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -5467,7 +4884,7 @@ static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_5_kernel<true> : gemmgen_tf32_5_kernel<false>;
+        aligned ? gemmgen_tf32_4_kernel<true> : gemmgen_tf32_4_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
@@ -5483,26 +4900,26 @@ static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_5_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_4_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 6: tf32_6 ===========================================
-// gemmgen_tf32_6: generated by gemmgen 0.1.0 from <library tf32: tf32_6> (edit the spec, not this file)
+// ==== member 5: tf32_5 ===========================================
+// gemmgen_tf32_5: generated by gemmgen 0.1.0 from <library tf32: tf32_5> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_6 {
+//   kernel tf32_5 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 192 x 32
+//     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
+//     stages   6 tma
 //     raster   group 8
-//     schedule persistent
+//     schedule pingpong
 //     epilogue alpha beta staged
 //   }
 //
@@ -5510,35 +4927,35 @@ static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 192 x 32
-//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
-//   accumulators               96 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 181344 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
+//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_6_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_tf32_5_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_6(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_5(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (tf32_6_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (tf32_5_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_6_fallback_impl {
+namespace gemmgen_tf32_5_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -5769,7 +5186,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_6_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -5910,7 +5327,7 @@ gemmgen_tf32_6_fallback_kernel(int M, int N, int K, float alpha, const float* __
 #endif
 }
 
-}  // namespace gemmgen_tf32_6_fallback_impl
+}  // namespace gemmgen_tf32_5_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -5920,11 +5337,11 @@ gemmgen_tf32_6_fallback_kernel(int M, int N, int K, float alpha, const float* __
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_6_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_5_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_6_fallback_impl;
+    using namespace gemmgen_tf32_5_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -5947,7 +5364,7 @@ static inline int gemmgen_tf32_6_fallback_batched(int M, int N, int K, float alp
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_6_fallback_kernel<true> : gemmgen_tf32_6_fallback_kernel<false>;
+        aligned ? gemmgen_tf32_5_fallback_kernel<true> : gemmgen_tf32_5_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -5957,21 +5374,21 @@ static inline int gemmgen_tf32_6_fallback_batched(int M, int N, int K, float alp
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_6_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_5_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_6_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_5_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_tf32_6_impl {
+namespace gemmgen_tf32_5_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int STAGES = 6;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
@@ -5982,7 +5399,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
 constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
 
-constexpr int SMEM_BYTES = 197696;
+constexpr int SMEM_BYTES = 181344;
 static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
@@ -6134,13 +5551,18 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %98, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
+
+// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
+// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
+__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
+__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
 
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
 __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
@@ -6150,7 +5572,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// ---- the tile scheduler (schedule pingpong) -----------------------------------------
 // Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
 // consumers walk the same list, so the producer's copies run on into the next tile while the
 // consumers store the last one.
@@ -6179,11 +5601,17 @@ struct Schedule {
         next_tile += gridDim.x;
         return true;
     }
+
+    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
+    __device__ int tiles_left() const {
+        const int stride = gridDim.x;
+        return (tiles - next_tile + stride - 1) / stride;
+    }
 };
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         const __grid_constant__ TensorMap map_c,
         int batch,
@@ -6213,7 +5641,7 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
@@ -6249,12 +5677,22 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
     int it = 0;  // K tiles of earlier segments
-    for (Segment segment; schedule.next(segment);) {
+    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
+    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
+    // other multiplies the next. A consumer waits for its tile's stages only once the other has
+    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
+    const int block_tiles = schedule.tiles_left();
+    for (Segment segment; schedule.next(segment); ++turn) {
+        const int k_tiles = segment.k_end - segment.k_begin;
+        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
+            it += k_tiles;
+            continue;
+        }
+        if (turn > 0) turn_wait(1 + consumer);
         int block_m0, block_n0, batch_index;
         tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
         const int m_left = M - block_m0;
         const int n_left = N - block_n0;
-        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -6262,7 +5700,7 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         for (int t = 0; t < k_tiles; ++t) {
             const int s = (it + t) % STAGES;
             barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
             const float* b_tile = sB + s * B_STAGE_FLOATS;
             fence_accumulators(acc);
             wgmma_fence();
@@ -6274,6 +5712,8 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             fence_accumulators(acc);
             if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
         }
+        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
+        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
         wgmma_wait<0>();
         fence_accumulators(acc);
         if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
@@ -6284,7 +5724,7 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
             // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
             {
-                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                const int warp_m0 = warp_in_group * 16;  // the warp's first row in its consumer's tile
                 float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
                 const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
                 const bool read_c = beta != 0.0f;
@@ -6327,7 +5767,7 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             }
         } else {
             // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile
             const int thread_n0 = lane % 4 * TN;
             // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
             {
@@ -6360,6 +5800,905 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         }
     }
     if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+#endif
+}
+
+}  // namespace gemmgen_tf32_5_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_5_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_5_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_5_kernel<true> : gemmgen_tf32_5_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_5_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 6: tf32_6 ===========================================
+// gemmgen_tf32_6: generated by gemmgen 0.1.0 from <library tf32: tf32_6> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_6 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 64 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    128
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 66624 bytes per block
+//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    128 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_6_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_6(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_6_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_6_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_6_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_6_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_6_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_6_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_6_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_6_fallback_kernel<true> : gemmgen_tf32_6_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_6_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_6_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_6_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_6_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 66624;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_6_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
 #endif
 }
 
@@ -6450,35 +6789,17 @@ static inline int gemmgen_tf32_6_batched(int M, int N, int K, float alpha, const
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_6_kernel<true> : gemmgen_tf32_6_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_6_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -6496,31 +6817,30 @@ static inline int gemmgen_tf32_6(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_7 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 256 x 32
+//     block    128 x 192 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   group 8
-//     cluster  2 x 1
-//     epilogue alpha beta staged
+//     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
+//   block tile (BM x BN x BK)  128 x 192 x 32
+//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
+//   accumulators               96 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 164928 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
 //   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_7_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_7(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -6966,33 +7286,19 @@ static inline int gemmgen_tf32_7_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_7_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-// Clusters of CLUSTER_M x CLUSTER_N blocks: block (i, j) of a cluster (rank i + CLUSTER_M j) shares
-// A's tile with the blocks of its row i and B's with those of its column j. Each loads one slice
-// of each shared tile and multicasts it, so a stage is filled by its row and column together.
-constexpr int CLUSTER_M = 2, CLUSTER_N = 1, CLUSTER_BLOCKS = CLUSTER_M * CLUSTER_N;
-constexpr int A_SLICE_ROWS = BM / CLUSTER_N;  // rows of A's tile each block of a row loads
-constexpr int B_SLICE_ROWS = BN / CLUSTER_M;  // rows of B's tile each block of a column loads
-constexpr unsigned ROW_0_BLOCKS = 0x1;     // ranks of row 0: 0, CLUSTER_M, 2 CLUSTER_M, ...
-constexpr unsigned COLUMN_0_BLOCKS = 0x3;  // ranks of column 0: 0 ... CLUSTER_M - 1
-constexpr int SHARERS = CLUSTER_M + CLUSTER_N - 1;  // blocks whose consumers free a stage of this one
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 230464;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int SMEM_BYTES = 164928;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
@@ -7028,14 +7334,12 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes, and of which batch. Clusters of CLUSTER_M x CLUSTER_N blocks
-// are numbered along a 1-D grid and walk C in cluster-sized tiles (raster group G: G rows of them
-// at a time, so that neighbouring clusters share A and B in L2); block rank r of a cluster takes
-// the tile (r % CLUSTER_M, r / CLUSTER_M) inside its cluster's. Blocks past C's edge store nothing.
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
 __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM);  // in cluster tiles
-    const int tiles_n = (N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN);
-    int block = blockIdx.x / CLUSTER_BLOCKS;
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
@@ -7044,9 +7348,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
     const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
     const int tile_n = (block % blocks_per_group) / group_rows;
-    const int rank = blockIdx.x % CLUSTER_BLOCKS;  // %cluster_ctarank of a 1-D cluster
-    block_m0 = (tile_m * CLUSTER_M + rank % CLUSTER_M) * BM;
-    block_n0 = (tile_n * CLUSTER_N + rank / CLUSTER_M) * BN;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
 }
 
 // ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
@@ -7095,66 +7398,6 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// ---- thread-block clusters: the blocks of a cluster fill each other's stages ------------------
-
-__device__ __forceinline__ unsigned block_rank() {  // this block's rank in its cluster
-    unsigned rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-    return rank;
-}
-
-// Every thread of every block of the cluster: what each did before is visible to all after.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// One arrival on the barrier at the same place in the shared memory of each block in `blocks`
-// (bit r: cluster rank r), this one included if its bit is set.
-__device__ __forceinline__ void barrier_arrive_in(unsigned long long* barrier, unsigned blocks) {
-#pragma unroll
-    for (int rank = 0; rank < CLUSTER_BLOCKS; ++rank)
-        if (blocks >> rank & 1)
-            asm volatile("{\n"
-                         ".reg .b32 remote;\n"
-                         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-                         "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-                         "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
-}
-
-// TMA multicast: the box lands at the same place in the shared memory of each block in `blocks`,
-// and completes bytes on the barrier at the same place in each.
-__device__ __forceinline__ void tma_load_multicast(float* destination, const TensorMap* map,
-                                                   unsigned long long* barrier, int inner, int outer,
-                                                   int batch, unsigned short blocks) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-                 "[%0], [%1, { %2, %3, %4 }], [%5], %6;\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)), "h"(blocks) : "memory");
-}
-
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -7183,11 +7426,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -7201,12 +7444,8 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (a multi-architecture build compiles it for older GPUs too)
-__cluster_dims__(CLUSTER_BLOCKS, 1, 1)
-#endif
 gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -7221,8 +7460,7 @@ gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
@@ -7232,10 +7470,6 @@ gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    const unsigned rank = block_rank(), rank_m = rank % CLUSTER_M, rank_n = rank / CLUSTER_M;
-    const unsigned short row_blocks = ROW_0_BLOCKS << rank_m;                    // share A's tile
-    const unsigned short column_blocks = COLUMN_0_BLOCKS << (CLUSTER_M * rank_n);  // share B's tile
-    const unsigned sharers = row_blocks | column_blocks;  // fill this block's stages, and free them
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -7243,30 +7477,23 @@ gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4 * SHARERS);  // one arrival per consumer warp of each sharer
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
-    cluster_sync();  // every block's barriers are ready before any block multicasts or frees a stage
+    __syncthreads();
 
     if (warpgroup == 0) {
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            // This block's slices: rows rank_n * A_SLICE_ROWS ... of A's tile for its row, and
-            // rows rank_m * B_SLICE_ROWS ... of B's tile for its column.
-            const int a_slice = rank_n * A_SLICE_ROWS, b_slice = rank_m * B_SLICE_ROWS;
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);  // freed by every sharer
-                barrier_expect_bytes(&full[s], STAGE_BYTES);  // what the row and column deliver here
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
                 tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load_multicast(sB + s * B_STAGE_FLOATS + b_slice * BK, &map_b, &full[s], t * BK, block_n0 + b_slice, b_batch, column_blocks);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
             }
-            // Stay until every sharer has freed each stage for the last time: no block may then
-            // write into this one's shared memory or arrive on its barriers after it has exited.
-            for (int t = k_tiles > STAGES ? k_tiles - STAGES : 0; t < k_tiles; ++t)
-                barrier_wait(&empty[t % STAGES], (t / STAGES) & 1);
         }
         return;
     }
@@ -7276,7 +7503,6 @@ gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -7296,92 +7522,42 @@ gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         wgmma_commit();
         wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
         fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive_in(&empty[(t - 1) % STAGES], sharers);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
-    if (k_tiles > 0 && lane == 0) barrier_arrive_in(&empty[(k_tiles - 1) % STAGES], sharers);  // the producers wait for every stage's last use
 
-    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-        {
-            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-            const bool swap = lane / 4 % 2;
-            if (warp_m0 < m_left) {
-        #pragma unroll
-                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                    if (box_n * C_BOX_N >= n_left) break;
-                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                    __syncwarp();
-        #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-        #pragma unroll
-                            for (int v = 0; v < TN; ++v) {
-                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                            }
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                            // addressed: a register array indexed at run time would go to local memory)
-                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
                         }
+                        store_vec<CV>(c, out);
                     }
-                    fence_shared_for_tma();
-                    __syncwarp();
-                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                    ++stored_boxes;
-                }
             }
-        }
-    } else {
-        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-        const int thread_n0 = lane % 4 * TN;
-        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-        {
-            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-        #pragma unroll
-            for (int rm = 0; rm < RM; ++rm)
-        #pragma unroll
-                for (int i = 0; i < TM; ++i) {
-                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                    if (m >= m_left) continue;
-        #pragma unroll
-                    for (int rn = 0; rn < RN; ++rn)
-        #pragma unroll
-                        for (int j = 0; j < TN; j += CV) {
-                            const int n = thread_n0 + rn * SUB_N + j;
-                            if (n + CV - 1 >= n_left) continue;
-                            float* c = C_tile + (long long)(m) * ldc + (n);
-                            float old[CV], out[CV];
-                            if (read_c) load_vec<CV>(old, c);
-        #pragma unroll
-                            for (int v = 0; v < CV; ++v) {
-                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                            }
-                            store_vec<CV>(c, out);
-                        }
-                }
-        }
     }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
 #endif
 }
 
@@ -7423,9 +7599,7 @@ static inline int gemmgen_tf32_7_batched(int M, int N, int K, float alpha, const
         return gemmgen_tf32_7_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
-    // Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).
-    const long long blocks = (long long)((M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM)) *
-                             ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS * batch;
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
 
     // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
@@ -7457,7 +7631,7 @@ static inline int gemmgen_tf32_7_batched(int M, int N, int K, float alpha, const
     const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
     const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
     const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {A_SLICE_ROWS, B_SLICE_ROWS};  // each block of a cluster loads slices
+    const cuuint32_t box_rows[2] = {BM, BN};
     for (int i = 0; i < 2; ++i) {
         const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
         const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
@@ -7474,28 +7648,14 @@ static inline int gemmgen_tf32_7_batched(int M, int N, int K, float alpha, const
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_7_kernel<true> : gemmgen_tf32_7_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -7519,7 +7679,7 @@ static inline int gemmgen_tf32_7(int M, int N, int K, float alpha, const float* 
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    2 workspace
+//     split    3 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -7535,7 +7695,7 @@ static inline int gemmgen_tf32_7(int M, int N, int K, float alpha, const float* 
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   split K                    3 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (192 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_8_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -7576,7 +7736,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -8010,7 +8170,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int SMEM_BYTES = 132168;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -8503,12 +8663,13 @@ static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_9 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 64 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   5 tma
+//     stages   4 tma
 //     raster   row
+//     split    2 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -8516,14 +8677,15 @@ static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132168 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -8553,7 +8715,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 1;  // each tile rounded to TF32
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -8564,6 +8726,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -8703,6 +8866,19 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_9_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
 __device__ __forceinline__ unsigned to_tf32(float x) {
     unsigned tf32;
@@ -8794,6 +8970,14 @@ gemmgen_tf32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __
     B += batch_index * strideB;
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -8882,9 +9066,8 @@ gemmgen_tf32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -8898,13 +9081,7 @@ gemmgen_tf32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
                     }
             }
     }
@@ -8945,15 +9122,17 @@ static inline int gemmgen_tf32_9_fallback_batched(int M, int N, int K, float alp
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_9_fallback_kernel<true> : gemmgen_tf32_9_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_9_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -8968,19 +9147,20 @@ static inline int gemmgen_tf32_9_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_9_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 5;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 83024;
+constexpr int SMEM_BYTES = 132168;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9104,11 +9284,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -9120,10 +9300,77 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
+    }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
+}
+
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
         int batch,
         long long strideA,
         long long strideB,
@@ -9148,7 +9395,12 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -9169,8 +9421,8 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 const int s = t % STAGES;
                 if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
                 barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
         return;
@@ -9204,6 +9456,9 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
 
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
@@ -9252,6 +9507,46 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_tf32_9_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_tf32_9_impl
+
 static inline int gemmgen_tf32_9_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -9328,12 +9623,19 @@ static inline int gemmgen_tf32_9_batched(int M, int N, int K, float alpha, const
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_9_kernel<true> : gemmgen_tf32_9_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -9351,32 +9653,30 @@ static inline int gemmgen_tf32_9(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_10 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 64 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   6 tma
-//     raster   group 8
-//     schedule pingpong
-//     epilogue alpha beta staged
+//     stages   5 tma
+//     raster   row
+//     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 230496 bytes per block
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_10_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -9414,7 +9714,6 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9458,11 +9757,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -9822,25 +10118,19 @@ static inline int gemmgen_tf32_10_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_10_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 6;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 2;  // per thread and slab: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 64, SUB_N = 8;  // RM slabs of 64 rows
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 5;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 230496;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int SMEM_BYTES = 83024;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9875,20 +10165,17 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    int block = tile;
+    int block = blockIdx.x;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -9939,28 +10226,6 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -9983,76 +10248,32 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-// Slab SLAB of acc (this thread's part of the warpgroup's RM slabs of 64 x BN fp32) = A (64 x 8)
-// * B (8 x BN) + (accumulate ? it : 0), both TF32 read from shared memory (the top 19 bits of each float).
-template <int SLAB>
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[RM * TM][RN * TN], unsigned long long a_desc,
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[SLAB * TM + 0][0]), "+f"(acc[SLAB * TM + 0][1]), "+f"(acc[SLAB * TM + 1][0]), "+f"(acc[SLAB * TM + 1][1]), "+f"(acc[SLAB * TM + 0][2]), "+f"(acc[SLAB * TM + 0][3]), "+f"(acc[SLAB * TM + 1][2]), "+f"(acc[SLAB * TM + 1][3]), "+f"(acc[SLAB * TM + 0][4]), "+f"(acc[SLAB * TM + 0][5]), "+f"(acc[SLAB * TM + 1][4]), "+f"(acc[SLAB * TM + 1][5]), "+f"(acc[SLAB * TM + 0][6]), "+f"(acc[SLAB * TM + 0][7]), "+f"(acc[SLAB * TM + 1][6]), "+f"(acc[SLAB * TM + 1][7]), "+f"(acc[SLAB * TM + 0][8]), "+f"(acc[SLAB * TM + 0][9]), "+f"(acc[SLAB * TM + 1][8]), "+f"(acc[SLAB * TM + 1][9]), "+f"(acc[SLAB * TM + 0][10]), "+f"(acc[SLAB * TM + 0][11]), "+f"(acc[SLAB * TM + 1][10]), "+f"(acc[SLAB * TM + 1][11]), "+f"(acc[SLAB * TM + 0][12]), "+f"(acc[SLAB * TM + 0][13]), "+f"(acc[SLAB * TM + 1][12]), "+f"(acc[SLAB * TM + 1][13]), "+f"(acc[SLAB * TM + 0][14]), "+f"(acc[SLAB * TM + 0][15]), "+f"(acc[SLAB * TM + 1][14]), "+f"(acc[SLAB * TM + 1][15]), "+f"(acc[SLAB * TM + 0][16]), "+f"(acc[SLAB * TM + 0][17]), "+f"(acc[SLAB * TM + 1][16]), "+f"(acc[SLAB * TM + 1][17]), "+f"(acc[SLAB * TM + 0][18]), "+f"(acc[SLAB * TM + 0][19]), "+f"(acc[SLAB * TM + 1][18]), "+f"(acc[SLAB * TM + 1][19]), "+f"(acc[SLAB * TM + 0][20]), "+f"(acc[SLAB * TM + 0][21]), "+f"(acc[SLAB * TM + 1][20]), "+f"(acc[SLAB * TM + 1][21]), "+f"(acc[SLAB * TM + 0][22]), "+f"(acc[SLAB * TM + 0][23]), "+f"(acc[SLAB * TM + 1][22]), "+f"(acc[SLAB * TM + 1][23]), "+f"(acc[SLAB * TM + 0][24]), "+f"(acc[SLAB * TM + 0][25]), "+f"(acc[SLAB * TM + 1][24]), "+f"(acc[SLAB * TM + 1][25]), "+f"(acc[SLAB * TM + 0][26]), "+f"(acc[SLAB * TM + 0][27]), "+f"(acc[SLAB * TM + 1][26]), "+f"(acc[SLAB * TM + 1][27]), "+f"(acc[SLAB * TM + 0][28]), "+f"(acc[SLAB * TM + 0][29]), "+f"(acc[SLAB * TM + 1][28]), "+f"(acc[SLAB * TM + 1][29]), "+f"(acc[SLAB * TM + 0][30]), "+f"(acc[SLAB * TM + 0][31]), "+f"(acc[SLAB * TM + 1][30]), "+f"(acc[SLAB * TM + 1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
-// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
-// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
-__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
-__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
-
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[RM * TM][RN * TN]) {
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 #pragma unroll
-    for (int i = 0; i < RM * TM; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
-
-// ---- the tile scheduler (schedule pingpong) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K, int batch) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
-    }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-
-    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
-    __device__ int tiles_left() const {
-        const int stride = gridDim.x;
-        return (tiles - next_tile + stride - 1) / stride;
-    }
-};
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -10067,20 +10288,24 @@ gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K, batch);
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
@@ -10090,19 +10315,12 @@ gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0, batch_index;
-                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
-                }
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
             }
         }
         return;
@@ -10113,136 +10331,61 @@ gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
-    float acc[RM * TM][RN * TN];  // slab r's rows in acc[r * TM] ... acc[r * TM + TM - 1]
-    int it = 0;  // K tiles of earlier segments
-    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
-    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
-    // other multiplies the next. A consumer waits for its tile's stages only once the other has
-    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
-    const int block_tiles = schedule.tiles_left();
-    for (Segment segment; schedule.next(segment); ++turn) {
-        const int k_tiles = segment.k_end - segment.k_begin;
-        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
-            it += k_tiles;
-            continue;
-        }
-        if (turn > 0) turn_wait(1 + consumer);
-        int block_m0, block_n0, batch_index;
-        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
+    float acc[TM][RN * TN];
 #pragma unroll
-        for (int i = 0; i < RM * TM; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = (it + t) % STAGES;
-            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
-            const float* b_tile = sB + s * B_STAGE_FLOATS;
-            fence_accumulators(acc);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8) {  // each slab: its 64 rows of A, all of B
-                wgmma_tf32<0>(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-                wgmma_tf32<1>(acc, smem_descriptor(a_tile + 64 * BK + kk), smem_descriptor(b_tile + kk));
-            }
-            wgmma_commit();
-            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-            fence_accumulators(acc);
-            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
-        }
-        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
-        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
-        it += k_tiles;
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
 
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            // (A consumer of two 64-row slabs stores them in turn, through the same boxes.)
-            #pragma unroll
-            for (int rm = 0; rm < RM; ++rm) {  // the consumer's slabs, one after the other through the same boxes
-                const int warp_m0 = rm * SUB_M + warp_in_group * 16;  // the warp's first row of slab rm in its consumer's tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-                const bool swap = lane / 4 % 2;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[rm * TM + i][a], acc[rm * TM + i][a + 1]
-                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[rm * TM + i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[rm * TM + i][a + v];
-                                }
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                                // addressed: a register array indexed at run time would go to local memory)
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                            }
-                        }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                        ++stored_boxes;
-                    }
-                }
-            }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile (slab r: + r * SUB_M)
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
-                            }
-                    }
-            }
-        }
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
     }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
 #endif
 }
 
@@ -10333,35 +10476,14 @@ static inline int gemmgen_tf32_10_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_10_kernel<true> : gemmgen_tf32_10_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -10377,6 +10499,996 @@ static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel tf32_11 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   6 tma
+//     raster   row
+//     split    8 workspace
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 148584 bytes per block
+//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    8 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (256 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_11_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_11_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_11_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_11_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_11_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_11_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_11_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_11_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_11_fallback_kernel<true> : gemmgen_tf32_11_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_11_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_11_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_11_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 6;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 148584;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y), summed through a workspace
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
+    }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_11_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_tf32_11_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_tf32_11_impl
+
+static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_11_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_11_kernel<true> : gemmgen_tf32_11_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_11_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 12: tf32_12 ===========================================
+// gemmgen_tf32_12: generated by gemmgen 0.1.0 from <library tf32: tf32_12> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_12 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     decode   columns 1 warps 4 slices 2
@@ -10402,13 +11514,13 @@ static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float*
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_11_impl {
+namespace gemmgen_tf32_12_impl {
 
 // ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
@@ -10936,7 +12048,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_11_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_12_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -10982,7 +12094,7 @@ gemmgen_tf32_11_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_tf32_11_impl
+}  // namespace gemmgen_tf32_12_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -10992,11 +12104,11 @@ gemmgen_tf32_11_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_11_impl;
+    using namespace gemmgen_tf32_12_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -11019,7 +12131,7 @@ static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, cons
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_11_kernel<true> : gemmgen_tf32_11_kernel<false>;
+        aligned ? gemmgen_tf32_12_kernel<true> : gemmgen_tf32_12_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -11029,17 +12141,17 @@ static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_11_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 12: tf32_12 ===========================================
-// gemmgen_tf32_12: generated by gemmgen 0.1.0 from <library tf32: tf32_12> (edit the spec, not this file)
+// ==== member 13: tf32_13 ===========================================
+// gemmgen_tf32_13: generated by gemmgen 0.1.0 from <library tf32: tf32_13> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_12 {
+//   kernel tf32_13 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 64 x 32
@@ -11066,13 +12178,13 @@ static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_12_impl {
+namespace gemmgen_tf32_13_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -11303,7 +12415,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_12_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_13_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -11444,7 +12556,7 @@ gemmgen_tf32_12_kernel(int M, int N, int K, float alpha, const float* __restrict
 #endif
 }
 
-}  // namespace gemmgen_tf32_12_impl
+}  // namespace gemmgen_tf32_13_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -11454,11 +12566,11 @@ gemmgen_tf32_12_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_12_impl;
+    using namespace gemmgen_tf32_13_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -11481,7 +12593,7 @@ static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_12_kernel<true> : gemmgen_tf32_12_kernel<false>;
+        aligned ? gemmgen_tf32_13_kernel<true> : gemmgen_tf32_13_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -11491,62 +12603,62 @@ static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_13(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 13: tf32_13 ===========================================
-// gemmgen_tf32_13: generated by gemmgen 0.1.0 from <library tf32: tf32_13> (edit the spec, not this file)
+// ==== member 14: tf32_14 ===========================================
+// gemmgen_tf32_14: generated by gemmgen 0.1.0 from <library tf32: tf32_14> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_13 {
+//   kernel tf32_14 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 240 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
-//     raster   row
-//     split    3 workspace
-//     epilogue alpha beta
+//     raster   group 8
+//     schedule persistent
+//     epilogue alpha beta staged
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99400 bytes per block
+//   block tile (BM x BN x BK)  128 x 240 x 32
+//   math                       tf32, wgmma 64 x 240 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 240
+//   accumulators               120 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 205888 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    3 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (96 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 16 floats (2 in turn, 64-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_13_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//   otherwise                  the fallback gemmgen_tf32_14_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (tf32_13_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (tf32_14_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_13_fallback_impl {
+namespace gemmgen_tf32_14_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -11556,7 +12668,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 1;  // each tile rounded to TF32
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -11567,7 +12679,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -11611,8 +12723,11 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -11705,19 +12820,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_13_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
 }
 
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
@@ -11787,7 +12889,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_13_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_14_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -11811,14 +12913,6 @@ gemmgen_tf32_13_fallback_kernel(int M, int N, int K, float alpha, const float* _
     B += batch_index * strideB;
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -11907,8 +13001,9 @@ gemmgen_tf32_13_fallback_kernel(int M, int N, int K, float alpha, const float* _
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -11922,14 +13017,20 @@ gemmgen_tf32_13_fallback_kernel(int M, int N, int K, float alpha, const float* _
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
 #endif
 }
 
-}  // namespace gemmgen_tf32_13_fallback_impl
+}  // namespace gemmgen_tf32_14_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -11939,11 +13040,11 @@ gemmgen_tf32_13_fallback_kernel(int M, int N, int K, float alpha, const float* _
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_13_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_14_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_13_fallback_impl;
+    using namespace gemmgen_tf32_14_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -11963,45 +13064,48 @@ static inline int gemmgen_tf32_13_fallback_batched(int M, int N, int K, float al
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_13_fallback_kernel<true> : gemmgen_tf32_13_fallback_kernel<false>;
+        aligned ? gemmgen_tf32_14_fallback_kernel<true> : gemmgen_tf32_14_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_13_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_13_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_14_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_tf32_13_impl {
+namespace gemmgen_tf32_14_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int BM = 128, BN = 240, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 30, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 99400;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y), summed through a workspace
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 16 floats along C's rows, 64-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 16, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 205888;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -12036,17 +13140,20 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
+    int block = tile;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -12097,6 +13204,28 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -12125,11 +13254,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %122, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n240k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119 }, %120, %121, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -12141,77 +13270,42 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
-// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
-// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
-// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
-// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
-// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
-// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
-// tile's again, for the next launch on the same workspace.
-constexpr int CONSUMER_THREADS = CONSUMERS * 128;
-constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
-constexpr int SLOT_FLOATS = BM * BN;
-constexpr int COUNTER_FLOATS = 32;
-constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
-constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
-static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
 
-// The block's consumer warpgroups only (its producer warpgroup has returned).
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
-}
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
 
-// Writes this thread's share of the slice's product to its slot and counts the block in; true in
-// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
-__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
-                                           int* last) {
-    float* region = workspace + blockIdx.x * REGION_FLOATS;
-    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2)
-            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
-    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
-    consumers_sync();
-    if (consumer_thread == 0) {
-        int* counter = reinterpret_cast<int*>(region);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
-        *last = arrived == SPLIT_K;
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
     }
-    consumers_sync();
-    if (!*last) return false;
-    __threadfence();  // the other slices' sums, seen after their counts
-    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2) {
-            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-            acc[i][j] = first.x;
-            acc[i][j + 1] = first.y;
-        }
-    for (int y = 1; y < SPLIT_K; ++y) {
-        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
-#pragma unroll
-        for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; j += 2) {
-                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-                acc[i][j] += sums.x;
-                acc[i][j + 1] += sums.y;
-            }
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
     }
-    return true;
-}
+};
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        float* __restrict__ workspace,
+        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -12226,22 +13320,13 @@ gemmgen_tf32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -12258,12 +13343,19 @@ gemmgen_tf32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
             }
         }
         return;
@@ -12274,68 +13366,115 @@ gemmgen_tf32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
+    int it = 0;  // K tiles of earlier segments
+    for (Segment segment; schedule.next(segment);) {
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8)
+                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
         fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    // Split K through the workspace: this slice's product to its slot; the block that counts in last
-    // holds the tile's sum in acc and stores it below, the others are done.
-    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
 
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)  // the box's groups of 8 columns
+            #pragma unroll
+                            for (int i = 0; i < TM; ++i) {
+                                const int row = lane / 4 + i * 8, col = j8 * 8 + lane % 4 * TN;  // in the box; TN = 2 columns
+                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                float out[TN];
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int m = warp_m0 + row, n = box_n * C_BOX_N + col + v;
+                                    out[v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+                                *reinterpret_cast<float2*>(&box[row * 16 + (col ^ (((row >> 1) & 3) << 2))]) = make_float2(out[0], out[1]);
+                            }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
                     }
             }
+        }
     }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
 #endif
 }
 
-}  // namespace gemmgen_tf32_13_impl
+}  // namespace gemmgen_tf32_14_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -12348,51 +13487,11 @@ gemmgen_tf32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-#include <mutex>
-
-namespace gemmgen_tf32_13_impl {
-// Split K's workspace (see split K above): one per device and stream, since kernels on one
-// stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
-// allocates, so it cannot be the first call inside a CUDA graph capture.
-static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
-    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
-    static std::mutex lock;
-    static Entry entries[16];
-    static unsigned long long calls = 0;
-    std::lock_guard<std::mutex> guard(lock);
-    Entry* entry = nullptr;
-    for (Entry& e : entries)
-        if (e.memory && e.stream == stream && e.device == device) entry = &e;
-    if (!entry) {  // a free entry, or the one used longest ago
-        entry = &entries[0];
-        for (Entry& e : entries)
-            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
-    }
-    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
-        if (entry->memory) {
-            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
-            entry->memory = nullptr;
-            if (freed != cudaSuccess) return freed;
-        }
-        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
-        cudaError_t error = cudaMalloc(&entry->memory, size);
-        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
-        error = cudaMemsetAsync(entry->memory, 0, size, stream);
-        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
-        *entry = Entry{stream, device, size, entry->memory, 0};
-    }
-    entry->used = ++calls;
-    *workspace = static_cast<float*>(entry->memory);
-    return cudaSuccess;
-}
-}  // namespace gemmgen_tf32_13_impl
-
-static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_13_impl;
+    using namespace gemmgen_tf32_14_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -12410,7 +13509,7 @@ static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, cons
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_tf32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_tf32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -12462,36 +13561,50 @@ static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_13_kernel<true> : gemmgen_tf32_13_kernel<false>;
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 16 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {16, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_14_kernel<true> : gemmgen_tf32_14_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
     cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_13(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 14: tf32_14 ===========================================
-// gemmgen_tf32_14: generated by gemmgen 0.1.0 from <library tf32: tf32_14> (edit the spec, not this file)
+// ==== member 15: tf32_15 ===========================================
+// gemmgen_tf32_15: generated by gemmgen 0.1.0 from <library tf32: tf32_15> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_14 {
+//   kernel tf32_15 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    128 x 64 x 32
@@ -12518,25 +13631,25 @@ static inline int gemmgen_tf32_13(int M, int N, int K, float alpha, const float*
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_14_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_tf32_15_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_15(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (tf32_14_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (tf32_15_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_14_fallback_impl {
+namespace gemmgen_tf32_15_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -12699,7 +13812,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_14_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_tf32_15_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -12777,7 +13890,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_14_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_15_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -12919,7 +14032,7 @@ gemmgen_tf32_14_fallback_kernel(int M, int N, int K, float alpha, const float* _
 #endif
 }
 
-}  // namespace gemmgen_tf32_14_fallback_impl
+}  // namespace gemmgen_tf32_15_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -12929,11 +14042,11 @@ gemmgen_tf32_14_fallback_kernel(int M, int N, int K, float alpha, const float* _
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_14_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_15_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_14_fallback_impl;
+    using namespace gemmgen_tf32_15_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -12955,27 +14068,27 @@ static inline int gemmgen_tf32_14_fallback_batched(int M, int N, int K, float al
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_14_fallback_kernel<true> : gemmgen_tf32_14_fallback_kernel<false>;
+        aligned ? gemmgen_tf32_15_fallback_kernel<true> : gemmgen_tf32_15_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_14_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_tf32_15_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_14_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_15_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_15_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_tf32_14_impl {
+namespace gemmgen_tf32_15_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -13199,7 +14312,7 @@ __device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], floa
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_15_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         float* __restrict__ workspace,
         int batch,
@@ -13325,7 +14438,7 @@ gemmgen_tf32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_tf32_14_impl
+}  // namespace gemmgen_tf32_15_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -13340,7 +14453,7 @@ gemmgen_tf32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 #include <mutex>
 
-namespace gemmgen_tf32_14_impl {
+namespace gemmgen_tf32_15_impl {
 // Split K's workspace (see split K above): one per device and stream, since kernels on one
 // stream run one after another and can share it. It is grown when a call needs more and kept; it
 // is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
@@ -13376,985 +14489,8 @@ static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t byte
     *workspace = static_cast<float*>(entry->memory);
     return cudaSuccess;
 }
-}  // namespace gemmgen_tf32_14_impl
-
-static inline int gemmgen_tf32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_14_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_14_kernel<true> : gemmgen_tf32_14_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 15: tf32_15 ===========================================
-// gemmgen_tf32_15: generated by gemmgen 0.1.0 from <library tf32: tf32_15> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_15 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 240 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   group 8
-//     schedule persistent
-//     epilogue alpha beta staged
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 240 x 32
-//   math                       tf32, wgmma 64 x 240 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 240
-//   accumulators               120 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 205888 bytes per block
-//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 16 floats (2 in turn, 64-byte swizzle), each stored by TMA
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_15_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_15(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_15_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_15_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_15_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_15_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_15_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_15_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_15_fallback_kernel<true> : gemmgen_tf32_15_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_15_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_15_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_15_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 240, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 30, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 16 floats along C's rows, 64-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 16, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 205888;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = tile;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %122, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n240k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119 }, %120, %121, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- the tile scheduler (schedule persistent) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K, int batch) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
-    }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-};
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_15_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K, batch);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0, batch_index;
-                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
-                }
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
-    float acc[TM][RN * TN];
-    int it = 0;  // K tiles of earlier segments
-    for (Segment segment; schedule.next(segment);) {
-        int block_m0, block_n0, batch_index;
-        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
-        const int k_tiles = segment.k_end - segment.k_begin;
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = (it + t) % STAGES;
-            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-            const float* b_tile = sB + s * B_STAGE_FLOATS;
-            fence_accumulators(acc);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8)
-                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-            wgmma_commit();
-            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-            fence_accumulators(acc);
-            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
-        }
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
-        it += k_tiles;
-
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            {
-                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)  // the box's groups of 8 columns
-            #pragma unroll
-                            for (int i = 0; i < TM; ++i) {
-                                const int row = lane / 4 + i * 8, col = j8 * 8 + lane % 4 * TN;  // in the box; TN = 2 columns
-                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                float out[TN];
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int m = warp_m0 + row, n = box_n * C_BOX_N + col + v;
-                                    out[v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                                }
-                                *reinterpret_cast<float2*>(&box[row * 16 + (col ^ (((row >> 1) & 3) << 2))]) = make_float2(out[0], out[1]);
-                            }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                        ++stored_boxes;
-                    }
-                }
-            }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
-                            }
-                    }
-            }
-        }
-    }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
-#endif
-}
-
 }  // namespace gemmgen_tf32_15_impl
 
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 static inline int gemmgen_tf32_15_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -14429,35 +14565,21 @@ static inline int gemmgen_tf32_15_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 16 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {16, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_15_kernel<true> : gemmgen_tf32_15_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
     cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -14479,7 +14601,7 @@ static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float*
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   6 tma
+//     stages   8 tma
 //     raster   row
 //     split    8 workspace
 //     epilogue alpha beta
@@ -14493,7 +14615,7 @@ static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float*
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
 //   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 148584 bytes per block
+//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197768 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
@@ -14962,14 +15084,14 @@ namespace gemmgen_tf32_16_impl {
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 6;
+constexpr int STAGES = 8;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 148584;
+constexpr int SMEM_BYTES = 197768;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y), summed through a workspace
@@ -15471,7 +15593,8 @@ static inline int gemmgen_tf32_16(int M, int N, int K, float alpha, const float*
 //     load B   vector 1
 //     stages   4 tma
 //     raster   group 8
-//     epilogue alpha beta
+//     schedule persistent
+//     epilogue alpha beta staged
 //   }
 //
 // layout: A row, B col, C row
@@ -15482,13 +15605,14 @@ static inline int gemmgen_tf32_16(int M, int N, int K, float alpha, const float*
 //   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
 //   accumulators               96 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 164928 bytes per block
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
 //   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
 //   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_17_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_17(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -15940,13 +16064,18 @@ constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 164928;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
@@ -15982,12 +16111,12 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
+    int block = tile;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
@@ -16046,6 +16175,28 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -16090,10 +16241,42 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
+// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
+    }
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
+
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -16108,17 +16291,13 @@ gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -16135,12 +16314,19 @@ gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
             }
         }
         return;
@@ -16151,61 +16337,120 @@ gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
+    int it = 0;  // K tiles of earlier segments
+    for (Segment segment; schedule.next(segment);) {
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8)
+                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
         fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
 
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                            }
                         }
-                        store_vec<CV>(c, out);
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
                     }
             }
+        }
     }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
 #endif
 }
 
@@ -16296,14 +16541,35 @@ static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_17_kernel<true> : gemmgen_tf32_17_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -16981,955 +17247,6 @@ static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel tf32_19 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 256 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   3 tma
-//     raster   group 8
-//     epilogue alpha beta staged
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              3 stages of A and B tiles, K-major, 128-byte swizzle; 181296 bytes per block
-//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_19_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_19_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_19_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_19_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_19_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_19_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_19_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_19_fallback_kernel<true> : gemmgen_tf32_19_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_19_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_19_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_19_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 3;
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 181296;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_19_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-        {
-            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-            const bool swap = lane / 4 % 2;
-            if (warp_m0 < m_left) {
-        #pragma unroll
-                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                    if (box_n * C_BOX_N >= n_left) break;
-                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                    __syncwarp();
-        #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-        #pragma unroll
-                            for (int v = 0; v < TN; ++v) {
-                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                            }
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                            // addressed: a register array indexed at run time would go to local memory)
-                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                        }
-                    }
-                    fence_shared_for_tma();
-                    __syncwarp();
-                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                    ++stored_boxes;
-                }
-            }
-        }
-    } else {
-        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-        const int thread_n0 = lane % 4 * TN;
-        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-        {
-            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-        #pragma unroll
-            for (int rm = 0; rm < RM; ++rm)
-        #pragma unroll
-                for (int i = 0; i < TM; ++i) {
-                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                    if (m >= m_left) continue;
-        #pragma unroll
-                    for (int rn = 0; rn < RN; ++rn)
-        #pragma unroll
-                        for (int j = 0; j < TN; j += CV) {
-                            const int n = thread_n0 + rn * SUB_N + j;
-                            if (n + CV - 1 >= n_left) continue;
-                            float* c = C_tile + (long long)(m) * ldc + (n);
-                            float old[CV], out[CV];
-                            if (read_c) load_vec<CV>(old, c);
-        #pragma unroll
-                            for (int v = 0; v < CV; ++v) {
-                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                            }
-                            store_vec<CV>(c, out);
-                        }
-                }
-        }
-    }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
-#endif
-}
-
-}  // namespace gemmgen_tf32_19_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_19_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_19_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_19_kernel<true> : gemmgen_tf32_19_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_19(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 20: tf32_20 ===========================================
-// gemmgen_tf32_20: generated by gemmgen 0.1.0 from <library tf32: tf32_20> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_20 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 128 x 32
@@ -17966,13 +17283,13 @@ static inline int gemmgen_tf32_19(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_20(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_20_impl {
+namespace gemmgen_tf32_19_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
@@ -18123,7 +17440,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 136 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_20_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -18327,7 +17644,7 @@ gemmgen_tf32_20_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_tf32_20_impl
+}  // namespace gemmgen_tf32_19_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -18337,11 +17654,11 @@ gemmgen_tf32_20_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_20_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_20_impl;
+    using namespace gemmgen_tf32_19_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -18364,7 +17681,7 @@ static inline int gemmgen_tf32_20_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_20_kernel<true> : gemmgen_tf32_20_kernel<false>;
+        aligned ? gemmgen_tf32_19_kernel<true> : gemmgen_tf32_19_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -18374,10 +17691,10 @@ static inline int gemmgen_tf32_20_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_20(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_19(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_20_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -18449,69 +17766,71 @@ constexpr bool ROUND_TF32 = true;  // the padding copies round A and B to neares
 // A tuned shape; split 1: a split call's (rows only 16-byte aligned), which sets the split ratio alone.
 struct Point { int M, N, K; double ms, ln_m, ln_n, ln_k, log_ratio; int batch; double ln_b; int split; };
 struct Model { const Point* points; int count; double coef[5]; double split_ratio; };  // count 0: no data in this class
-struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; int cluster_m, cluster_n; bool decode; int decode_products; };
+struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; int cluster_m, cluster_n; bool decode; int decode_products; };
 
 static const Point tf32_0_aligned[] = {
-    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09037036858575571, 1, 0.0, 0},
-    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1091972197102792, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10104588122002889, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19818508452977446, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.14587649325128008, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.12159992816532121, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.16833636422168158, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.10380133104465551, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.35862759957636087, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.009259720504013361, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.31072564957996246, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.31345889519929565, 1, 0.0, 0},
-    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.35734865372732405, 1, 0.0, 0},
-    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3514444028590239, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.6283190352597274, 1, 0.0, 0},
-    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.592146571656377, 1, 0.0, 0},
-    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.09917318834429004, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8082628995119607, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.4164816148549619, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3493825307450401, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.015040908505183945, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04705600067973137, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07332852510800547, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10809599980711937, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.007302231576250271, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2012430934670398, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.16403774019197573, 1, 0.0, 0},
-    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10525844297162112, 1, 0.0, 0},
-    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.01684910671057741, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.26697595659892426, 1, 0.0, 0},
-    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.36232897201801, 1, 0.0, 0},
-    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3385125226249278, 1, 0.0, 0},
-    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.40245081186804244, 1, 0.0, 0},
-    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.4356999944476291, 1, 0.0, 0},
-    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.3700650195132247, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2442989548048659, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1894521720005469, 1, 0.0, 0},
-    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15947977138886069, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.17182575754006463, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.1272616672915282, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.15792044347451806, 1, 0.0, 0},
-    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02832030781567782, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.054002411242546455, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6839511564226229, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4050541779474352, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3720961281619851, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14955080706072002, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5365751104957844, 1, 0.0, 1},
+    {256, 256, 256, 0.013632000423967838, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.5936714729445223, 1, 0.0, 0},
+    {512, 512, 512, 0.017055999487638474, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5461767421061012, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.022895999252796173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.32690301181027853, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08585599809885025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.13252374306138384, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5775839984416962, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09062433704016719, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.9812639951705933, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.2057768017596008, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.26921600103378296, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02112068027699959, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04508800059556961, 0.0, 8.317766166719343, 8.317766166719343, 0.058086796837395295, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07126399874687195, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.16532323762930431, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07212799787521362, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16031404641068278, 1, 0.0, 0},
+    {128, 8192, 8192, 0.12272000312805176, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.22283981573753636, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1220959983766079, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.21774205988049808, 1, 0.0, 0},
+    {4096, 32, 4096, 0.045264000073075294, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.06198266408571213, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0687360018491745, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.12920507048756083, 1, 0.0, 0},
+    {128, 4096, 4096, 0.04657600075006485, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.09055605101945, 1, 0.0, 0},
+    {4096, 256, 4096, 0.07198399677872658, 8.317766166719343, 5.545177444479562, 8.317766166719343, 0.1753757914876168, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09003200009465218, 0.0, 9.306377560173125, 8.317766166719343, 0.2139795976821541, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08921600133180618, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.20487484456580266, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04548799991607666, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.06691920097576484, 1, 0.0, 0},
+    {4, 14336, 4096, 0.114656001329422, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.26538353453930447, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04508800059556961, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.058086796837395295, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0687360018491745, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.12920507048756083, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0692639984190464, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.11979702532650745, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04438399896025658, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04234966861841075, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08552000299096107, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.14134335883979232, 1, 0.0, 0},
+    {4096, 4096, 512, 0.0788159966468811, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2691402160635715, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2765600085258484, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2810851019786649, 1, 0.0, 0},
+    {8192, 8192, 256, 0.18411199748516083, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.07926674953597465, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01945599913597107, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.31606090036874324, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11694400012493134, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.3085488620027549, 1, 0.0, 0},
+    {256, 256, 32768, 0.06305600330233574, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09931347172818472, 1, 0.0, 0},
+    {512, 512, 16384, 0.0806720033288002, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.23899201947258458, 1, 0.0, 0},
+    {128, 1024, 65536, 0.15428800135850906, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.3802869700778914, 1, 0.0, 0},
+    {64, 64, 131072, 0.1111999973654747, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.028984536244206157, 1, 0.0, 0},
+    {384, 384, 24576, 0.08905600011348724, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.38589545415738824, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8279680013656616, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.7876509520553576, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8636480271816254, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.5952929031068254, 1, 0.0, 0},
+    {1536, 2560, 768, 0.04124800115823746, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.16478322550532934, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.18028800189495087, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.25969413675543607, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.3437760472297668, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.21454948533268456, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.5528320074081421, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.005559937362638249, 1, 0.0, 0},
+    {512, 512, 512, 0.10979200154542923, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06233148529394603, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08681599795818329, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1843069818434414, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.030912000685930252, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1469281184767629, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07329599931836128, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.31852018379303354, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.0822880007326603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.28417277124841456, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09523200243711472, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14420275189732804, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7702399790287018, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.19722390666162642, 1, 0.0, 1},
 };
 static const Point tf32_0_unaligned[] = {
-    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.004667886760727164, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.016277061824813942, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.015744740441564035, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.004884860307428518, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07023999840021133, 8.317766166719343, 0.0, 8.317766166719343, -0.29454325970465844, 1, 0.0, 0},
-    {1, 4096, 4096, 0.100832000374794, 0.0, 8.317766166719343, 8.317766166719343, 0.06716550057023518, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10904000326991081, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10226880674110435, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14665600657463074, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.06701780142886167, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08681599795818329, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.08642308709700672, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07849600166082382, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.07283682623848786, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02062712360651489, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.020469502403782407, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20083200186491013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007710077731632375, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11908799782395363, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.09964975289918349, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6762399673461914, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.01738008524633185, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033824000507593155, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.12732934972034618, 1, 0.0, 0},
+    {4096, 1, 4096, 0.045232001692056656, 8.317766166719343, 0.0, 8.317766166719343, -0.13753065523483785, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10305600240826607, 0.0, 8.317766166719343, 8.317766166719343, 0.6859370595785836, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10864000022411346, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.004180295624648783, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14691199362277985, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.46565242523499545, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08636800199747086, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.49446772524683974, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07771200314164162, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.45068195556005075, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.480351984500885, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.014085792681415124, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03484800085425377, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14042324638819983, 1, 0.0, 0},
 };
 static const Point tf32_1_aligned[] = {
     {1, 4096, 4096, 0.03750399872660637, 0.0, 8.317766166719343, 8.317766166719343, 0.012189326192988043, 1, 0.0, 0},
@@ -18535,240 +17854,184 @@ static const Point tf32_1_unaligned[] = {
     {13, 5000, 3001, 0.05651199817657471, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.37724600600151564, 1, 0.0, 0},
 };
 static const Point tf32_2_aligned[] = {
-    {256, 256, 256, 0.011615999974310398, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.5573000217398915, 1, 0.0, 0},
-    {512, 512, 512, 0.020255999639630318, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3274173575648518, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05507199838757515, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.34752654801748706, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.21376000344753265, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4011042056736825, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.9634400010108948, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.5039376409228984, 1, 0.0, 0},
-    {8192, 8192, 8192, 7.55788779258728, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21293881204351733, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5283360183238983, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.37894451582267275, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04070400074124336, 0.0, 8.317766166719343, 8.317766166719343, 0.13058699988620232, 1, 0.0, 0},
-    {16, 8192, 4096, 0.0687360018491745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.14732044866393657, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07161600142717361, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.34872358307699247, 1, 0.0, 0},
-    {128, 8192, 8192, 0.17665600031614304, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.08851504600491264, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1391039937734604, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.15046748443684313, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05119999870657921, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07122771940361933, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09356799721717834, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.15726474677503816, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0809439979493618, 0.0, 9.306377560173125, 8.317766166719343, 0.03213471395054958, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0817599967122078, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03137233733497067, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04251199960708618, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.15523892462478506, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09993600100278854, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08488380497374179, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05076799914240837, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05303293678397797, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06569600105285645, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.11744659110785588, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06598400324583054, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3644907738618874, 1, 0.0, 0},
-    {5, 4096, 4096, 0.039744000881910324, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.10166934809777307, 1, 0.0, 0},
-    {3, 4096, 11008, 0.07788799703121185, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.41674217651419454, 1, 0.0, 0},
-    {4096, 4096, 512, 0.7748160064220428, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.18164360701116988, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.7213599681854248, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2518985152254564, 1, 0.0, 0},
-    {8192, 8192, 256, 3.051535964012146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1273560525492875, 1, 0.0, 0},
-    {2048, 2048, 128, 0.17484800517559052, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.27923955980016524, 1, 0.0, 0},
-    {16384, 4096, 64, 3.0532000064849854, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.09629465139189175, 1, 0.0, 0},
-    {256, 256, 32768, 0.046720001846551895, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07836690658928475, 1, 0.0, 0},
-    {512, 512, 16384, 0.06252799928188324, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.17458406269031296, 1, 0.0, 0},
-    {128, 1024, 65536, 0.13577600568532944, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.15967512664278669, 1, 0.0, 0},
-    {64, 64, 131072, 0.1056319996714592, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.29908901939347954, 1, 0.0, 0},
-    {384, 384, 24576, 0.062272001057863235, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1938328646709907, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4968160092830658, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.16922265227733382, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5940159857273102, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0748254691655119, 1, 0.0, 0},
-    {1536, 2560, 768, 0.16838400065898895, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3711784413578744, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5723519921302795, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3831315630837293, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.660096049308777, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.4678845653652607, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.0799840092658997, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.25521673028865544, 1, 0.0, 0},
-    {512, 512, 512, 0.7894399762153625, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16294539389721763, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.5296319723129272, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.11050002159695328, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.16467200219631195, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.33920098447211955, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.5335039496421814, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.09775690741546465, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24319999665021896, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6441103505309763, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.5612319707870483, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11017414382092143, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5449919700622559, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.030993513260970065, 1, 0.0, 1},
+    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07754762772096001, 1, 0.0, 0},
+    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04526960361031601, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05854570517098438, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.06961865726990896, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.020737950962806354, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.07201766341000311, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2181650876703426, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, -0.050439652476169675, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.36809878446443706, 1, 0.0, 0},
+    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.09588967728387442, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.07353922575945696, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0693445567826845, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.11575021056658161, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.15322172507909815, 1, 0.0, 0},
+    {128, 4096, 4096, 0.052112000063061714, 4.852030263919617, 8.317766166719343, 8.317766166719343, -0.08424910182063891, 1, 0.0, 0},
+    {4096, 256, 4096, 0.052480001002550125, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.07721218782533176, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.5672057956810438, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.4580680145879329, 1, 0.0, 0},
+    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.09505331766751003, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6238305590445606, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.10628940359062693, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4000062253251285, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12303154029167288, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05889600142836571, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.038128849324367574, 1, 0.0, 0},
+    {3, 4096, 11008, 0.14740800112485886, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.04577171859014586, 1, 0.0, 0},
+    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20512974628352876, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10005858073432489, 1, 0.0, 0},
+    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1145597356052047, 1, 0.0, 0},
+    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11912404663896875, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.22300939605375567, 1, 0.0, 0},
+    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.24436180744510466, 1, 0.0, 0},
+    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.23543708324388135, 1, 0.0, 0},
+    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.25259859760361664, 1, 0.0, 0},
+    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.23327843878378604, 1, 0.0, 0},
+    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.21811616170788614, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13937065651906683, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.22293295936026178, 1, 0.0, 0},
+    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08207093149214303, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.09770912695240452, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08723374173543733, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0499652068446981, 1, 0.0, 0},
+    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1423762508434175, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18462270721964877, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.733133890099224, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.38388421849611937, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6551086601610706, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.0840621124191911, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5435419009514616, 1, 0.0, 1},
 };
 static const Point tf32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.33537599444389343, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.02889973758517098, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.18454399704933167, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0927557288551043, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.3328800201416016, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.046726531935140744, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04879999905824661, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08035655170331558, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05313599854707718, 8.317766166719343, 0.0, 8.317766166719343, -0.13765129648941887, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04915200173854828, 0.0, 8.317766166719343, 8.317766166719343, -0.03802674805196805, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11513599753379822, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.15597158111815157, 1, 0.0, 0},
-    {8, 6144, 6144, 0.08633600175380707, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1104943071672168, 1, 0.0, 0},
-    {4096, 12, 4096, 0.06460800021886826, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.01965811010319823, 1, 0.0, 0},
-    {13, 5000, 3001, 0.05315199866890907, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.02606828561703748, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.850160002708435, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06068854143582327, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.08140800148248672, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.03911364754215854, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.03275374950374015, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.034892782547556914, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03289234532727, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09735689231112427, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06032000109553337, 8.317766166719343, 0.0, 8.317766166719343, -0.24507072421261933, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10201600193977356, 0.0, 8.317766166719343, 8.317766166719343, 0.28039521666775485, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11023999750614166, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.02379572664263031, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14974399656057358, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.19053478198014737, 1, 0.0, 0},
+    {4096, 12, 4096, 0.0862560011446476, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09581202980226808, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07798399776220322, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21179708259521288, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009337065611567183, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10382197380270261, 1, 0.0, 0},
 };
 static const Point tf32_3_aligned[] = {
-    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.17759685336051526, 1, 0.0, 0},
-    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10806159957468986, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0930205888327836, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.04899200052022934, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05085224403802029, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.3819520026445389, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.05260979695978903, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.0774399042129517, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09754686273432363, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.1987679973244667, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.008734532288672332, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07923199981451035, 0.0, 8.317766166719343, 8.317766166719343, -0.08619431415590645, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08595199882984161, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.013636596538038339, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15084800124168396, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.08277242007297023, 1, 0.0, 0},
-    {128, 8192, 8192, 0.1613280028104782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.03012775962233601, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19182399660348892, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.13480624551580458, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07846400141716003, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.09788425810659185, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08580799773335457, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.019235737955257296, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09587199985980988, 0.0, 9.306377560173125, 8.317766166719343, 0.09109464738768541, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09438400343060493, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.07487742588665398, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07948800176382065, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.08343302230848049, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10951999947428703, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21750671344716555, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0782880000770092, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.09914004948992182, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08614400029182434, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.010791003403649201, 1, 0.0, 0},
-    {12, 4096, 8192, 0.14899200201034546, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.09345315431966215, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07868800312280655, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09320776266768642, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1972160041332245, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.09371987972675569, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06159999966621399, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06815877726474033, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2199680060148239, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.07728597203239453, 1, 0.0, 0},
-    {8192, 8192, 256, 0.15689599514007568, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.055688435154928696, 1, 0.0, 0},
-    {2048, 2048, 128, 0.012959999963641167, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.08978742293767675, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11099200323224068, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08096216779330857, 1, 0.0, 0},
-    {256, 256, 32768, 0.5901599824428558, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0526091259428198, 1, 0.0, 0},
-    {512, 512, 16384, 0.2925119996070862, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08090268402038099, 1, 0.0, 0},
-    {128, 1024, 65536, 1.1408479809761047, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.08086249390046978, 1, 0.0, 0},
-    {64, 64, 131072, 2.2789599895477295, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.07527503916755739, 1, 0.0, 0},
-    {384, 384, 24576, 0.43062400817871094, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08746555498357013, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.29814401268959045, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11594494766080159, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8829759955406189, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07481809054928235, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024831999093294144, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.006115710651156271, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14051200449466705, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03015360193345916, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0821920037269592, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09229685085905032, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.36612799763679504, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02170226491771837, 1, 0.0, 0},
-    {512, 512, 512, 0.07999999821186066, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1932059699365293, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.06857600063085556, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.06956744874476305, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02571200020611286, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2961379186050956, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06828799843788147, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.24628583105841018, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07494399696588516, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15957265256108938, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08035200089216232, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.05789429522412915, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.5530399978160858, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.42292228257808034, 1, 0.0, 1},
+    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1524693571160822, 1, 0.0, 0},
+    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08046115499851134, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06335640809934352, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07417206503918951, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.026046067169968375, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09922930206313686, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022113677511923738, 1, 0.0, 0},
+    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.030274556273112114, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.008762555121806728, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.022708124303273486, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.005569231612834498, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.015431040971083462, 1, 0.0, 0},
+    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.03141137375549901, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.006984551946502387, 1, 0.0, 0},
+    {128, 4096, 4096, 0.08092799782752991, 4.852030263919617, 8.317766166719343, 8.317766166719343, -0.028242271146305564, 1, 0.0, 0},
+    {4096, 256, 4096, 0.08196799829602242, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.023374956355378926, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.1333095128822359, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0478271239228586, 1, 0.0, 0},
+    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.017724220703920403, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.17578046440147457, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.019119123832573047, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.010528725285990328, 1, 0.0, 0},
+    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03184123551710962, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07887999713420868, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.04622207154908032, 1, 0.0, 0},
+    {3, 4096, 11008, 0.19737599790096283, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.03781480042417492, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.02673940810635681, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04160076532789868, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.007240818953770071, 1, 0.0, 0},
+    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0744807712925043, 1, 0.0, 0},
+    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.01825245969956211, 1, 0.0, 0},
+    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02593460096028898, 1, 0.0, 0},
+    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.02509188407814877, 1, 0.0, 0},
+    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.002944675438853107, 1, 0.0, 0},
+    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0065256660357308005, 1, 0.0, 0},
+    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.0008490168810847033, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09830660548956166, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.014056212516281835, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.038182984840761575, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03742245267951431, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.021065105689867924, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006736562395668225, 1, 0.0, 0},
+    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23090345017048539, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07741394625169647, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.11454157116571527, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1569728436027632, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1925706312028203, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02663316081697664, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09668303137434239, 1, 0.0, 1},
 };
 static const Point tf32_3_unaligned[] = {
-    {2047, 2047, 2047, 0.20336000621318817, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.04828734631006929, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11952000111341476, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.24579454137259685, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.672144055366516, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.041123729321561574, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03340800106525421, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09959896375410159, 1, 0.0, 0},
-    {4096, 1, 4096, 0.08710400015115738, 8.317766166719343, 0.0, 8.317766166719343, 0.15683252741361442, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10073599964380264, 0.0, 8.317766166719343, 8.317766166719343, 0.30367848378614587, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10878400132060051, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.14162904253869124, 1, 0.0, 0},
-    {8, 6144, 6144, 0.15123200416564941, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.16222940788348308, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08736000210046768, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.1284829490045661, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07852800190448761, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21931679124041192, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4909279942512512, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009869154964232714, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.034912001341581345, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14563164477573579, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.17522560430217696, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.38266296453240817, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.14281235982816232, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.031766039517819054, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07977599650621414, 8.317766166719343, 0.0, 8.317766166719343, 0.5977913256348294, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10332799702882767, 0.0, 8.317766166719343, 8.317766166719343, 0.4062730684352928, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.3618694379525542, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14695999771356583, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.09894742699852642, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08577599748969078, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.6224148276951312, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07769600301980972, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.18451382239513428, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.14826244084377915, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05393745894241643, 1, 0.0, 0},
 };
 static const Point tf32_4_aligned[] = {
-    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1992628767229138, 1, 0.0, 0},
-    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.05681739273632869, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.19214130326608803, 1, 0.0, 0},
-    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.2598205723482219, 1, 0.0, 0},
-    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.42018784534379344, 1, 0.0, 0},
-    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3313494450613443, 1, 0.0, 0},
-    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2924265274350617, 1, 0.0, 0},
-    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.06989730306491176, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.15371902079192623, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1675136325666697, 1, 0.0, 0},
-    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1724790380570814, 1, 0.0, 0},
-    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.17219989693808124, 1, 0.0, 0},
-    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.4662169740542168, 1, 0.0, 0},
-    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.22731688987291646, 1, 0.0, 0},
-    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.08436404726232795, 1, 0.0, 0},
-    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0535931465419403, 1, 0.0, 0},
-    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.11028182228176434, 1, 0.0, 0},
-    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08790110097920957, 1, 0.0, 0},
-    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.007639238574733204, 1, 0.0, 0},
-    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.037351441201251244, 1, 0.0, 0},
-    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.11772266978536734, 1, 0.0, 0},
-    {5, 4096, 4096, 0.11848000064492226, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.08906130960589377, 1, 0.0, 0},
-    {3, 4096, 11008, 0.14083200693130493, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.021534930992702966, 1, 0.0, 0},
-    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.5213482463290574, 1, 0.0, 0},
-    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.533239880681944, 1, 0.0, 0},
-    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.5411771598281142, 1, 0.0, 0},
-    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.27836496567045027, 1, 0.0, 0},
-    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.5350145322374937, 1, 0.0, 0},
-    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06506072223626978, 1, 0.0, 0},
-    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06619475525920043, 1, 0.0, 0},
-    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.042556765758528806, 1, 0.0, 0},
-    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.00536049825525194, 1, 0.0, 0},
-    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.03676325801660211, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.083208350596983, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06568316676126076, 1, 0.0, 0},
-    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.2676081300467908, 1, 0.0, 0},
-    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.3219933114600345, 1, 0.0, 0},
-    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.48223628718188355, 1, 0.0, 0},
-    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.5166456626286878, 1, 0.0, 0},
-    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.5165213682670042, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5236581721759552, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2949970494901262, 256, 5.545177444479562, 0},
-    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5236090141032922, 128, 4.852030263919617, 0},
-    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.29337037593331333, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.5250729246573821, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6199293532183096, 1, 0.0, 1},
+    {256, 256, 256, 0.010127999819815159, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.45377839847357154, 1, 0.0, 0},
+    {512, 512, 512, 0.01206399966031313, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.33910581362435915, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.028384000062942505, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.560123508994196, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.14452800154685974, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4229925283908928, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.9042400121688843, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.2915159968641671, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.077568054199219, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.4557785205550611, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.4259200096130371, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.287551670949866, 1, 0.0, 0},
+    {1, 4096, 4096, 0.040352001786231995, 0.0, 8.317766166719343, 8.317766166719343, 0.48050548640536866, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06601600348949432, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4303721778495538, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06387200206518173, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.5115321641418676, 1, 0.0, 0},
+    {128, 8192, 8192, 0.150176003575325, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1485234799972182, 1, 0.0, 0},
+    {8192, 128, 8192, 0.12479999661445618, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.036572054614782544, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04831999912858009, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1899196463754944, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08336000144481659, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.029827907681423488, 1, 0.0, 0},
+    {128, 4096, 4096, 0.04630399867892265, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.00888987782071523, 1, 0.0, 0},
+    {4096, 256, 4096, 0.05913599953055382, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.34950464704472306, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0830719992518425, 0.0, 9.306377560173125, 8.317766166719343, 0.3627166504455252, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08416000008583069, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3657225874710283, 1, 0.0, 0},
+    {16, 4096, 4096, 0.040063999593257904, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.45494221769115817, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10486400127410889, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.34291538424179413, 1, 0.0, 0},
+    {4096, 16, 4096, 0.048287998884916306, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.2143099280729632, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06537599861621857, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.43512979887834047, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06412799656391144, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.6031700773019945, 1, 0.0, 0},
+    {5, 4096, 4096, 0.0392800010740757, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.44864001207185344, 1, 0.0, 0},
+    {3, 4096, 11008, 0.07852800190448761, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.6483328266181586, 1, 0.0, 0},
+    {4096, 4096, 512, 0.32603199779987335, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.5709353991389855, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.7732320129871368, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.6180228420328122, 1, 0.0, 0},
+    {8192, 8192, 256, 1.1719679832458496, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.5735522106518218, 1, 0.0, 0},
+    {2048, 2048, 128, 0.08044800162315369, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.5189763636844452, 1, 0.0, 0},
+    {16384, 4096, 64, 1.0986080169677734, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.581981332023479, 1, 0.0, 0},
+    {256, 256, 32768, 0.05689600110054016, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2223087798652347, 1, 0.0, 0},
+    {512, 512, 16384, 0.04561600089073181, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.291962972270392, 1, 0.0, 0},
+    {128, 1024, 65536, 0.14079999923706055, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.06556262394649415, 1, 0.0, 0},
+    {64, 64, 131072, 0.15916800498962402, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.19897463483064082, 1, 0.0, 0},
+    {384, 384, 24576, 0.0544000007212162, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2274881508023981, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.46191999316215515, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12759556935614047, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5823519825935364, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.004829496367069169, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09588799998164177, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.4732893635847586, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.38897599279880524, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.4038892133197636, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.09935998916626, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.24484346344209806, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.4311679601669312, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.30177441418464135, 1, 0.0, 0},
+    {512, 512, 512, 0.3731040060520172, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.43607371107267584, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6334879994392395, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.4592392918262946, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.09460799768567085, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.35684538221248513, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5806080102920532, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.5345016077853446, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.20003199577331543, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.3669527776741115, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.6162240207195282, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.5308270342330753, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1701279878616333, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.03312982275686371, 1, 0.0, 1},
 };
 static const Point tf32_4_unaligned[] = {
-    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.045549677595335625, 1, 0.0, 0},
-    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.06190287705254245, 1, 0.0, 0},
-    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.30586776212461814, 1, 0.0, 0},
-    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05782705355482342, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.2219951352706841, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, 0.005751186483074688, 1, 0.0, 0},
-    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.14565610768342402, 1, 0.0, 0},
-    {8, 6144, 6144, 0.15110400319099426, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.01777368017156346, 1, 0.0, 0},
-    {4096, 12, 4096, 0.20131200551986694, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.44108815665940143, 1, 0.0, 0},
-    {13, 5000, 3001, 0.13815999776124954, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.0739808306492742, 1, 0.0, 0},
-    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.2887796947077142, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.03702214353426696, 1, 0.0, 0},
-};
-static const Point tf32_5_aligned[] = {
-    {256, 256, 256, 0.010127999819815159, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.44089583632946594, 1, 0.0, 0},
-    {512, 512, 512, 0.01206399966031313, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3325470960353482, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.028384000062942505, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.671458444132148, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.14452800154685974, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.5577132288511184, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.9042400121688843, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.4093392405945497, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.077568054199219, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3604068979079914, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.4259200096130371, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.4135276618363895, 1, 0.0, 0},
-    {1, 4096, 4096, 0.040352001786231995, 0.0, 8.317766166719343, 8.317766166719343, 0.47941163639426687, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06601600348949432, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3795466441127211, 1, 0.0, 0},
-    {64, 4096, 8192, 0.06387200206518173, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.4852396137057723, 1, 0.0, 0},
-    {128, 8192, 8192, 0.150176003575325, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0735732710183959, 1, 0.0, 0},
-    {8192, 128, 8192, 0.12479999661445618, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.1115222635936049, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04831999912858009, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1495966659317992, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08336000144481659, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0539258703435334, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0830719992518425, 0.0, 9.306377560173125, 8.317766166719343, 0.2985802480525496, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08416000008583069, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3003357425062774, 1, 0.0, 0},
-    {16, 4096, 4096, 0.040063999593257904, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.4502281379382544, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10486400127410889, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2682530512906461, 1, 0.0, 0},
-    {4096, 16, 4096, 0.048287998884916306, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.17787090748353432, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06537599861621857, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.38636216311980776, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06412799656391144, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.5924860318922807, 1, 0.0, 0},
-    {5, 4096, 4096, 0.0392800010740757, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.4465663918041752, 1, 0.0, 0},
-    {3, 4096, 11008, 0.07852800190448761, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.6381397982697915, 1, 0.0, 0},
-    {4096, 4096, 512, 0.32603199779987335, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.7556232464672853, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.7732320129871368, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.7881931354000661, 1, 0.0, 0},
-    {8192, 8192, 256, 1.1719679832458496, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.7730074484778496, 1, 0.0, 0},
-    {2048, 2048, 128, 0.08044800162315369, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7028911744473789, 1, 0.0, 0},
-    {16384, 4096, 64, 1.0986080169677734, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.7878279137944558, 1, 0.0, 0},
-    {256, 256, 32768, 0.05689600110054016, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.18667174750642015, 1, 0.0, 0},
-    {512, 512, 16384, 0.04561600089073181, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3277669958095309, 1, 0.0, 0},
-    {128, 1024, 65536, 0.14079999923706055, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0653093015128518, 1, 0.0, 0},
-    {64, 64, 131072, 0.15916800498962402, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10112112769165763, 1, 0.0, 0},
-    {384, 384, 24576, 0.0544000007212162, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2320876738033423, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.46191999316215515, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1962219795495671, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5823519825935364, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06163334629127567, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09588799998164177, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.6342260186436085, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.38897599279880524, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5467727897719283, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.09935998916626, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.1253654240281197, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.4311679601669312, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.1842222301129596, 1, 0.0, 0},
-    {512, 512, 512, 0.3731040060520172, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.6207615584009757, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6334879994392395, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.6632737763141341, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.09460799768567085, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.5407601929754189, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5806080102920532, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.7387909568154805, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.20003199577331543, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5465850703422648, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.6162240207195282, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.7288264041516648, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.1701279878616333, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.15091211249839262, 1, 0.0, 1},
-};
-static const Point tf32_5_unaligned[] = {
     {2047, 2047, 2047, 0.2603679895401001, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.009812278648619641, 1, 0.0, 0},
     {1531, 1531, 1531, 0.14235199987888336, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0831900809408717, 1, 0.0, 0},
     {5003, 5003, 5003, 3.130703926086426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.008123518537697284, 1, 0.0, 0},
@@ -18782,317 +18045,455 @@ static const Point tf32_5_unaligned[] = {
     {4096, 4096, 4096, 1.5580000281333923, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10753217186968816, 1, 0.0, 0},
     {1024, 1024, 1024, 0.05961599946022034, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.003399664559181789, 1, 0.0, 0},
 };
+static const Point tf32_5_aligned[] = {
+    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09446284010092984, 1, 0.0, 0},
+    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11335390117266356, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10527233717422355, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.20200913376055174, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.14989984993277095, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.12579405629021573, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.16441448622797128, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.09947185958171109, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.35429812811341654, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.013615293755179229, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3063700763287967, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.30910332194812984, 1, 0.0, 0},
+    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.3530191822643798, 1, 0.0, 0},
+    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3471149313960796, 1, 0.0, 0},
+    {128, 4096, 4096, 0.04631999880075455, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.0532344647625574, 1, 0.0, 0},
+    {4096, 256, 4096, 0.04665600135922432, 8.317766166719343, 5.545177444479562, 8.317766166719343, 0.060462222907350656, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.623989563796783, 1, 0.0, 0},
+    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.5878171001934326, 1, 0.0, 0},
+    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.09484371688134564, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8039334280490165, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.41215214339201756, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3450530592820957, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.010685335254018095, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04705600067973137, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.06899905364506109, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10809599980711937, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.002939345818938864, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20316584110570263, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.16701254710956107, 1, 0.0, 0},
+    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10491156318820519, 1, 0.0, 0},
+    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.017544268141830473, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.27367346285115796, 1, 0.0, 0},
+    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.3667068181360035, 1, 0.0, 0},
+    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.34288265790628314, 1, 0.0, 0},
+    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.40683262833395173, 1, 0.0, 0},
+    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.4400838258241463, 1, 0.0, 0},
+    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.3744402618538942, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.24861510320753452, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.19383265627900922, 1, 0.0, 0},
+    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.16257355939672657, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1755274853041759, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.13127065578614872, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.1619470938277361, 1, 0.0, 0},
+    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.026397560177015073, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.05685895785502195, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6832559949913699, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.41095760544429116, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3699075160504165, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14938810735735727, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5325517538142935, 1, 0.0, 1},
+};
+static const Point tf32_5_unaligned[] = {
+    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.004752466503632062, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.016150920860147296, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.01570065132106913, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.004634267669345284, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07023999840021133, 8.317766166719343, 0.0, 8.317766166719343, -0.2953403787374612, 1, 0.0, 0},
+    {1, 4096, 4096, 0.100832000374794, 0.0, 8.317766166719343, 8.317766166719343, 0.06636694414935071, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10904000326991081, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10182555629674364, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14665600657463074, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.0662830474296477, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08681599795818329, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.0871887069085169, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07849600166082382, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.07214436025689526, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.020579606731935454, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.020377490851390633, 1, 0.0, 0},
+};
 static const Point tf32_6_aligned[] = {
-    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.20495584788628396, 1, 0.0, 0},
-    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08109919596356006, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10534369959041798, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08620997427228641, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06559450137263978, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.03127117474990031, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.050990705877867665, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.11121579416676446, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0894116813859454, 1, 0.0, 0},
-    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.1577950778386715, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.016304628351654676, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.021695753306517598, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06792301449299808, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.04402175034647165, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.2739042302145168, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2285471960338477, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12269915017078972, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4365040649936008, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0538988064036584, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10409511986779788, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.17915668943599533, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06404800340533257, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.1602080856251631, 1, 0.0, 0},
-    {3, 4096, 11008, 0.15545600652694702, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.20405070742923398, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.11997894595840748, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0593744625153687, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.025037278887601013, 1, 0.0, 0},
-    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.026661602732104085, 1, 0.0, 0},
-    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08983915991277217, 1, 0.0, 0},
-    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2531415720762558, 1, 0.0, 0},
-    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.22020210214961286, 1, 0.0, 0},
-    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.23873572715177935, 1, 0.0, 0},
-    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24159474445594792, 1, 0.0, 0},
-    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2462828742009548, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1212399863287066, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23534489123923408, 1, 0.0, 0},
-    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09839323166308375, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.052508636148044074, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09162674703792364, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.09587350139640002, 1, 0.0, 0},
-    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.10210989664374834, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.005590511448128613, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5424265500530098, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21360601947984656, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.323524009455925, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07772785098175036, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3675564387209208, 1, 0.0, 1},
+    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.20449587729916466, 1, 0.0, 0},
+    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.04825584531541972, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.18200221243004713, 1, 0.0, 0},
+    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.24965508440413114, 1, 0.0, 0},
+    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.41088627366458497, 1, 0.0, 0},
+    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.32364858911988525, 1, 0.0, 0},
+    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.28269206986724116, 1, 0.0, 0},
+    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.06959305730806789, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.15173752438466018, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16125043348198545, 1, 0.0, 0},
+    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.16519319521949305, 1, 0.0, 0},
+    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.1649140541004929, 1, 0.0, 0},
+    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.4623900347590781, 1, 0.0, 0},
+    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.22161210339024193, 1, 0.0, 0},
+    {128, 4096, 4096, 0.3497759997844696, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.2422037077425121, 1, 0.0, 0},
+    {4096, 256, 4096, 0.6296800076961517, 8.317766166719343, 5.545177444479562, 8.317766166719343, 0.20183834059060982, 1, 0.0, 0},
+    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.0848357714255236, 1, 0.0, 0},
+    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.052854141885164255, 1, 0.0, 0},
+    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10848842285573994, 1, 0.0, 0},
+    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08786087509107154, 1, 0.0, 0},
+    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.005845839148708974, 1, 0.0, 0},
+    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03694967763107124, 1, 0.0, 0},
+    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.11682031949905501, 1, 0.0, 0},
+    {5, 4096, 4096, 0.11848000064492226, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.08933608853491533, 1, 0.0, 0},
+    {3, 4096, 11008, 0.14083200693130493, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.02113800116669841, 1, 0.0, 0},
+    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.5101938236162623, 1, 0.0, 0},
+    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.5223551503325314, 1, 0.0, 0},
+    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.5298296495813517, 1, 0.0, 0},
+    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.26714012757333677, 1, 0.0, 0},
+    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.5235495569167298, 1, 0.0, 0},
+    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06706193985876462, 1, 0.0, 0},
+    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07080016410251469, 1, 0.0, 0},
+    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.042084221371883966, 1, 0.0, 0},
+    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.005231312410317463, 1, 0.0, 0},
+    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.03992276897356348, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.07788098371833346, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06704170464992062, 1, 0.0, 0},
+    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.25676777193307687, 1, 0.0, 0},
+    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.3117153498277661, 1, 0.0, 0},
+    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.4729111642441022, 1, 0.0, 0},
+    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.5073504614766006, 1, 0.0, 0},
+    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.5053669455542091, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5122461758566144, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2837722113930126, 256, 5.545177444479562, 0},
+    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5121577439021472, 128, 4.852030263919617, 0},
+    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2823702021366727, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.5137388667031337, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6106413570296535, 1, 0.0, 1},
 };
 static const Point tf32_6_unaligned[] = {
-    {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0030328759655526075, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11495999991893768, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.25965268809492664, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6779520511627197, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.011397253210562796, 1, 0.0, 0},
-    {127, 4099, 1023, 0.0339680016040802, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09433339600681222, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07596799731254578, 8.317766166719343, 0.0, 8.317766166719343, -0.03108585460312656, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10060799866914749, 0.0, 8.317766166719343, 8.317766166719343, 0.2505163391675534, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10867200046777725, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.10015145388811879, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14652800559997559, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1144149078818688, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08591999858617783, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.06828343332485208, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07772800326347351, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.17872047538391955, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4453759789466858, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.016651945347955634, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1375867363264662, 1, 0.0, 0},
+    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.05250515019964276, 1, 0.0, 0},
+    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.06908123029866013, 1, 0.0, 0},
+    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.3123407469325237, 1, 0.0, 0},
+    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.048870815030782284, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.22343979174372963, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, 0.007195842956120044, 1, 0.0, 0},
+    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.1442439744935452, 1, 0.0, 0},
+    {8, 6144, 6144, 0.15110400319099426, 2.0794415416798357, 8.723231274827508, 8.723231274827508, -0.018227414625571793, 1, 0.0, 0},
+    {4096, 12, 4096, 0.20131200551986694, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.4456527763511365, 1, 0.0, 0},
+    {13, 5000, 3001, 0.13815999776124954, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.07098119646322452, 1, 0.0, 0},
+    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.29547114506026156, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04497994466173798, 1, 0.0, 0},
 };
 static const Point tf32_7_aligned[] = {
-    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15372164727751633, 1, 0.0, 0},
-    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08231040999591262, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06524777753456029, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07365980645615992, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.026606205283569523, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09981439545637633, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022610240228965708, 1, 0.0, 0},
-    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.03328512202532913, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.006599912779259048, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02581136643510405, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.007516555882995528, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.017786735674843845, 1, 0.0, 0},
-    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.03473716152648375, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.005013847037051431, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.13162522966580847, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04617017189859466, 1, 0.0, 0},
-    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.02071060126221047, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.17470250708653728, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.022497911712895162, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.008335827582670855, 1, 0.0, 0},
-    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03503409319947383, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07887999713420868, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.04922618354284713, 1, 0.0, 0},
-    {3, 4096, 11008, 0.19737599790096283, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.041078933869848955, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.026390362990445115, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04124170384775469, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0074683878892034365, 1, 0.0, 0},
-    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0746822966609435, 1, 0.0, 0},
-    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.01828722436644385, 1, 0.0, 0},
-    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02167356968283151, 1, 0.0, 0},
-    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.02117941158631195, 1, 0.0, 0},
-    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0011355344984720274, 1, 0.0, 0},
-    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0021346721662087497, 1, 0.0, 0},
-    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.004899436771538403, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09944126967003473, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.01699497242491038, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.037932703077501996, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03720290762625646, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.021538663545931553, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006662527537997722, 1, 0.0, 0},
-    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23125249528639705, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07753891314452022, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.11497976324426551, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15701861034367826, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.19161062669999657, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02640180748279514, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09723573522388128, 1, 0.0, 1},
+    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0316707373436141, 1, 0.0, 0},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09509508250258979, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10367014573168053, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07862293573364172, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0006039190560495155, 1, 0.0, 0},
+    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.04637926178727696, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.1056742639822244, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.13156908287711794, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09382095171239245, 1, 0.0, 0},
+    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.16191186201267518, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.015063353265493826, 1, 0.0, 0},
+    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.025577177489611642, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06724011732650036, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.043214726459641785, 1, 0.0, 0},
+    {128, 4096, 4096, 0.06492800265550613, 4.852030263919617, 8.317766166719343, 8.317766166719343, -0.14689313312604627, 1, 0.0, 0},
+    {4096, 256, 4096, 0.06864000111818314, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.09184271438625687, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.26765310650941226, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.22659745021848515, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12553855646163958, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4343510944129917, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04492986904843581, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09636042526656477, 1, 0.0, 0},
+    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.178461727044106, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06407999992370605, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.15988378402803025, 1, 0.0, 0},
+    {3, 4096, 11008, 0.15520000457763672, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.1972694191822983, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.042599332696786604, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.004684321956421921, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.039626449759063626, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0409256555288829, 1, 0.0, 0},
+    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.010506676435456727, 1, 0.0, 0},
+    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.21113785281957065, 1, 0.0, 0},
+    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2070227850817325, 1, 0.0, 0},
+    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.23213551153545733, 1, 0.0, 0},
+    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.23318892830638552, 1, 0.0, 0},
+    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.23641962910680592, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.111587168992959, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.22557475716032038, 1, 0.0, 0},
+    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07445066597834521, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.0011161956635390442, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.02479524274435373, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0033728213558997526, 1, 0.0, 0},
+    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16246040939405845, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.01738119808893546, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5447466257697947, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1159828424829023, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3167902455070914, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.013844538408225965, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.35075615265301124, 1, 0.0, 1},
 };
 static const Point tf32_7_unaligned[] = {
-    {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.17550413733357415, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.3830025687871356, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.14306217738218582, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.03126448111464513, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07977599650621414, 8.317766166719343, 0.0, 8.317766166719343, 0.5982326835004063, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10332799702882767, 0.0, 8.317766166719343, 8.317766166719343, 0.4066346629747995, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.36158680022159023, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14695999771356583, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.09924128478667767, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08577599748969078, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.6228458953978346, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07769600301980972, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.18488458966990853, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.148514018884892, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05345812641325578, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01135560154290657, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11779200285673141, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.28355970982741235, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6783519983291626, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010047823400312558, 1, 0.0, 0},
+    {127, 4099, 1023, 0.0342399999499321, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09691836647598573, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07558400183916092, 8.317766166719343, 0.0, 8.317766166719343, -0.041162998952526605, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10118400305509567, 0.0, 8.317766166719343, 8.317766166719343, 0.2512099362037174, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10931199789047241, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09639095559899044, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14793600142002106, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.12034711173711601, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08616000041365623, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.06625853415524288, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07753600180149078, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.17161510146705125, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4395039677619934, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01957067994714903, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13995615189040372, 1, 0.0, 0},
 };
 static const Point tf32_8_aligned[] = {
-    {256, 256, 256, 0.01398400031030178, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1452748559013504, 1, 0.0, 0},
-    {512, 512, 512, 0.013535999692976475, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.29336647750119843, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01889600045979023, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15715425836562444, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08352000266313553, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1413840599750292, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5606080293655396, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09158494252036987, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.41158390045166, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.004471852639493786, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.2727999985218048, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0019278364278228642, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04623999819159508, 0.0, 8.317766166719343, 8.317766166719343, 0.007897960794595742, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06697600334882736, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.37838717180357395, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07335999980568886, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05570330794687823, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11097600311040878, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.35823185649942896, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11158400028944016, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3636955398408089, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04540799930691719, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.01025893874624213, 1, 0.0, 0},
-    {80, 8192, 4096, 0.06576000154018402, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.36006454970879137, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.2051030959749678, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10025600343942642, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.17957786691992814, 1, 0.0, 0},
-    {16, 4096, 4096, 0.08377600088715553, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.6021993564166264, 1, 0.0, 0},
-    {4, 14336, 4096, 0.14153599739074707, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5244050010943639, 1, 0.0, 0},
-    {4096, 16, 4096, 0.045951999723911285, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0016501429571383595, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06811199709773064, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3952061420151227, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0785600021481514, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.012780558143942536, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04552000015974045, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.007795431133110599, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10804799944162369, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0839612777471182, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16099199652671814, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.058964444538878745, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.4941439926624298, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.01132478869036216, 1, 0.0, 0},
-    {8192, 8192, 256, 0.5331199765205383, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.016847402371081545, 1, 0.0, 0},
-    {2048, 2048, 128, 0.03705599904060364, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.007137209130219587, 1, 0.0, 0},
-    {16384, 4096, 64, 0.4902399927377701, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.129621495841951, 1, 0.0, 0},
-    {256, 256, 32768, 0.1685439944267273, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.46259185176549816, 1, 0.0, 0},
-    {512, 512, 16384, 0.0920960009098053, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.42546429853096823, 1, 0.0, 0},
-    {128, 1024, 65536, 0.3253920078277588, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.47104174893977846, 1, 0.0, 0},
-    {64, 64, 131072, 0.5949279963970184, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5470718942187301, 1, 0.0, 0},
-    {384, 384, 24576, 0.12988799810409546, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.45295031880321623, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.32255999743938446, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.23215842049353852, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.2975519895553589, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2818362526538444, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05132799968123436, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09770696479435417, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.2451840043067932, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0218584750463546, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.0264639854431152, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.23642925545737334, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.7244479954242706, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.29648151384567245, 1, 0.0, 0},
-    {512, 512, 512, 0.1868640035390854, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09006200120203851, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.27059200406074524, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1262181257898391, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.047168001532554626, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2484226821284124, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.2760159969329834, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21480012252210076, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11207999661564827, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.22639138830774455, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.27588799595832825, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.020862103581659065, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7992480099201202, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.26306439404731596, 1, 0.0, 1},
+    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.431994277726801, 1, 0.0, 0},
+    {512, 512, 512, 0.013743999879807234, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.40166145943920817, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.02486399933695793, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3643301594329095, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.0981760025024414, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.18798651992849844, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.6046559810638428, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11939457572632725, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.613680124282837, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.015381910409785109, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.2897759974002838, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.12717114953166067, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04238399863243103, 0.0, 8.317766166719343, 8.317766166719343, 0.11009958392804788, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08084799721837044, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.2038581271085242, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0671519972383976, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1427493918688838, 1, 0.0, 0},
+    {128, 8192, 8192, 0.12479999661445618, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1590834432971694, 1, 0.0, 0},
+    {8192, 128, 8192, 0.12627199292182922, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.17080926883479502, 1, 0.0, 0},
+    {4096, 32, 4096, 0.0427360013127327, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.11837037074935716, 1, 0.0, 0},
+    {80, 8192, 4096, 0.07651200145483017, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.14873492325496077, 1, 0.0, 0},
+    {128, 4096, 4096, 0.04358400031924248, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.13801880151630586, 1, 0.0, 0},
+    {4096, 256, 4096, 0.0581279993057251, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.1260652235004104, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09756799787282944, 0.0, 9.306377560173125, 8.317766166719343, 0.391836861968557, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09638399630784988, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.37962748739534413, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04303999990224838, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1254585972468437, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13619199395179749, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.37172388379504573, 1, 0.0, 0},
+    {4096, 16, 4096, 0.042527999728918076, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.11349135982113157, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08105599880218506, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.206427572006284, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06790400296449661, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.15388571305098728, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04262400045990944, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.1157461693723367, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08951999992132187, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.21948818073592774, 1, 0.0, 0},
+    {4096, 4096, 512, 0.21831999719142914, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.18647591067552083, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.5933120250701904, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11841868702820933, 1, 0.0, 0},
+    {8192, 8192, 256, 0.7629919946193695, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.12941004270681392, 1, 0.0, 0},
+    {2048, 2048, 128, 0.050016000866889954, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.21412682987807205, 1, 0.0, 0},
+    {16384, 4096, 64, 0.699184000492096, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.10919256244145062, 1, 0.0, 0},
+    {256, 256, 32768, 0.11790399998426437, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4163884418443252, 1, 0.0, 0},
+    {512, 512, 16384, 0.07030399888753891, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3347379448039068, 1, 0.0, 0},
+    {128, 1024, 65536, 0.2316800057888031, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.381864147454901, 1, 0.0, 0},
+    {64, 64, 131072, 0.40251199901103973, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.49620563874517126, 1, 0.0, 0},
+    {384, 384, 24576, 0.09363199770450592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.38998971669541194, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.29342399537563324, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2129005463847235, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.39422400295734406, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2530679746779711, 1, 0.0, 0},
+    {1536, 2560, 768, 0.06407999992370605, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.2082430085891572, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.2715199887752533, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.09738915370409959, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.1927839517593384, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.21291267567447658, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.7802079916000366, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.26694469620128, 1, 0.0, 0},
+    {512, 512, 512, 0.24911999702453613, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.05450307806934459, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.38415999710559845, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.08217312728003441, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.05959999933838844, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.03881423847895185, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.39235199987888336, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.006532020475384594, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.13860800117254257, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.015078764912875776, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.39156800508499146, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.1147924038966969, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.8229919970035553, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.1888922307671365, 1, 0.0, 1},
 };
 static const Point tf32_8_unaligned[] = {
-    {2047, 2047, 2047, 0.22782400250434875, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.042113775003533784, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12531200051307678, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.025795669723821336, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.9308159351348877, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.032897975206694435, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03207999840378761, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.045275617695216805, 1, 0.0, 0},
-    {4096, 1, 4096, 0.045744000002741814, 8.317766166719343, 0.0, 8.317766166719343, -0.1496887267732323, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06169600039720535, 0.0, 8.317766166719343, 8.317766166719343, 0.1494697430130593, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.05370357656347773, 1, 0.0, 0},
-    {8, 6144, 6144, 0.0907519981265068, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.03732560820380977, 1, 0.0, 0},
-    {4096, 12, 4096, 0.05686400085687637, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.03476860238982453, 1, 0.0, 0},
-    {13, 5000, 3001, 0.05305600166320801, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.08482417810195071, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6540000438690186, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0017889747641301904, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04944000020623207, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.09760534652083255, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.24592000246047974, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0564281404029983, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.13356800377368927, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.011594007532953926, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.0926079750061035, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.02869693069250814, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03855999931693077, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.06735806005176091, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04320000112056732, 8.317766166719343, 0.0, 8.317766166719343, -0.10686245034847458, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05049600079655647, 0.0, 8.317766166719343, 8.317766166719343, 0.04919116946045658, 1, 0.0, 0},
+    {16, 11008, 4096, 0.09696000069379807, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.015593684098119731, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11881600320339203, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.11438710735460249, 1, 0.0, 0},
+    {4096, 12, 4096, 0.1982399970293045, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 1.3758304189406627, 1, 0.0, 0},
+    {13, 5000, 3001, 0.046192001551389694, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.04877671212355499, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6917279958724976, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.013232320230413371, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.056384000927209854, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.01583575343758431, 1, 0.0, 0},
 };
 static const Point tf32_9_aligned[] = {
-    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.027726924141180484, 1, 0.0, 0},
-    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03879777836199348, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.20261131279152436, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.3808200534583177, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.24438368059035415, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12011945506318955, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1887308640958866, 1, 0.0, 0},
-    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.06271996874014285, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3972239537489076, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.11084434132722097, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1428395243664687, 1, 0.0, 0},
-    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.18483500253456991, 1, 0.0, 0},
-    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.015529060589290697, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.28727539802933655, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.16912742843508624, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11734686429615696, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04038531011345427, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.40148488290988915, 1, 0.0, 0},
-    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03249833203520855, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.47223149101318745, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.04711385305537995, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04919999837875366, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04691059260050946, 1, 0.0, 0},
-    {3, 4096, 11008, 0.12006399780511856, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.005086060901459307, 1, 0.0, 0},
-    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.368486387180949, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2828652941392124, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.26464556787476334, 1, 0.0, 0},
-    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.18529652196194996, 1, 0.0, 0},
-    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2631539933570782, 1, 0.0, 0},
-    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4966411179599197, 1, 0.0, 0},
-    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.455721513241312, 1, 0.0, 0},
-    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4945044929050044, 1, 0.0, 0},
-    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5235045175968788, 1, 0.0, 0},
-    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.47619475066936334, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.36204529759900983, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.4025606287904406, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3131911545176346, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03379718132245143, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.13657921087738747, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.11843364676876061, 1, 0.0, 0},
-    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1292185804368652, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.22310058251754208, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.531935444095397, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5051319452412305, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3875284551866881, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.10657759810018093, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09953809347826581, 1, 0.0, 1},
+    {256, 256, 256, 0.01398400031030178, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1524006696551286, 1, 0.0, 0},
+    {512, 512, 512, 0.013535999692976475, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.30004167146013055, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01889600045979023, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.16316999957810135, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08352000266313553, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.14198675239810696, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5606080293655396, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09226846181444355, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.41158390045166, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0028635203499265587, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.2727999985218048, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0022673247803847185, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04623999819159508, 0.0, 8.317766166719343, 8.317766166719343, 0.0034494340070316196, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06697600334882736, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3739386450160099, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07335999980568886, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05955547657453342, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11097600311040878, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.35437968787177376, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11158400028944016, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.35984337121315374, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04540799930691719, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.014707465533806242, 1, 0.0, 0},
+    {80, 8192, 4096, 0.06576000154018402, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3556160229212274, 1, 0.0, 0},
+    {128, 4096, 4096, 0.04678399860858917, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.01514548313815763, 1, 0.0, 0},
+    {4096, 256, 4096, 0.04867200180888176, 8.317766166719343, 5.545177444479562, 8.317766166719343, 0.05470820199362529, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.20249351943896568, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10025600343942642, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.17696829038392597, 1, 0.0, 0},
+    {16, 4096, 4096, 0.08377600088715553, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.5977508296290623, 1, 0.0, 0},
+    {4, 14336, 4096, 0.14153599739074707, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5217954245583618, 1, 0.0, 0},
+    {4096, 16, 4096, 0.045951999723911285, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.002798383830425693, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06811199709773064, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39075761522755875, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0785600021481514, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.00892838951628745, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04552000015974045, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.012243957920674647, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10804799944162369, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.08029851151045758, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16099199652671814, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05363644870839237, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.4941439926624298, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.014890962895740852, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5331199765205383, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.025478445521746003, 1, 0.0, 0},
+    {2048, 2048, 128, 0.03705599904060364, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.01039847773228785, 1, 0.0, 0},
+    {16384, 4096, 64, 0.4902399927377701, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1407951973233592, 1, 0.0, 0},
+    {256, 256, 32768, 0.1685439944267273, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.46583040738937936, 1, 0.0, 0},
+    {512, 512, 16384, 0.0920960009098053, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.4289280296057772, 1, 0.0, 0},
+    {128, 1024, 65536, 0.3253920078277588, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4741584992488349, 1, 0.0, 0},
+    {64, 64, 131072, 0.5949279963970184, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5501252143224548, 1, 0.0, 0},
+    {384, 384, 24576, 0.12988799810409546, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.456266545230694, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.32255999743938446, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.23482582260717547, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.2975519895553589, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2849943367597333, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05132799968123436, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09663688491937561, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.2451840043067932, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02116672323601549, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.0264639854431152, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.23593325084101957, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.7244479954242706, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.2957551541104482, 1, 0.0, 0},
+    {512, 512, 512, 0.1868640035390854, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09538999703252495, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.27059200406074524, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.13586393908212618, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.047168001532554626, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.25168395073048067, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.2760159969329834, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.22535098530897038, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11207999661564827, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.23041227815682977, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.27588799595832825, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.029018015637357234, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7992480099201202, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.2623808747532422, 1, 0.0, 1},
 };
 static const Point tf32_9_unaligned[] = {
-    {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022494518768084327, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13310272837594891, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.014351666107234836, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.15270004593940656, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04982399940490723, 8.317766166719343, 0.0, 8.317766166719343, -0.20540524460480516, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10096000134944916, 0.0, 8.317766166719343, 8.317766166719343, 0.5008223838465843, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10942399874329567, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03289642501979261, 1, 0.0, 0},
-    {8, 6144, 6144, 0.1475200057029724, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.5663840828756902, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08577599748969078, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.3362484100551792, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07755200192332268, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.4449467703089388, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.000630666902200911, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15223563300485865, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.22782400250434875, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.042195894486357154, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12531200051307678, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.02538370380674017, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.9308159351348877, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03295425113029885, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03207999840378761, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.045183731454814684, 1, 0.0, 0},
+    {4096, 1, 4096, 0.045744000002741814, 8.317766166719343, 0.0, 8.317766166719343, -0.1499519051701869, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06169600039720535, 0.0, 8.317766166719343, 8.317766166719343, 0.14920656461610485, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.053077960312449414, 1, 0.0, 0},
+    {8, 6144, 6144, 0.0907519981265068, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.037279774879640085, 1, 0.0, 0},
+    {4096, 12, 4096, 0.05686400085687637, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.03455848073362395, 1, 0.0, 0},
+    {13, 5000, 3001, 0.05305600166320801, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.08453190685173474, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6540000438690186, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0017232913452587396, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04944000020623207, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.09830385532840415, 1, 0.0, 0},
 };
 static const Point tf32_10_aligned[] = {
-    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08369214655365674, 1, 0.0, 0},
-    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.05223138571177467, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06634997622002917, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07769149533558167, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01214451424071641, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06296778551674108, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20985351953535103, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, -0.05940854366392819, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.35912989327667855, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10513974413788198, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06428915890544945, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06009448992867698, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.12471910175434006, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.14425283389133964, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.5582369044932852, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.4490991234001744, 1, 0.0, 0},
-    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.10402220885526851, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6148616678568022, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11525829477838537, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39103733413736996, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.13228160714568052, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05889600142836571, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.029159958136609123, 1, 0.0, 0},
-    {3, 4096, 11008, 0.14740800112485886, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.036443837959755206, 1, 0.0, 0},
-    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20879268967223819, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10602982192548707, 1, 0.0, 0},
-    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1136625847796358, 1, 0.0, 0},
-    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11702196891833148, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2329281575550361, 1, 0.0, 0},
-    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2538475998522173, 1, 0.0, 0},
-    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.24484169941945588, 1, 0.0, 0},
-    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.26212601146199993, 1, 0.0, 0},
-    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2428269294074888, 1, 0.0, 0},
-    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2275745934677781, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14872563818024268, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23244642113086914, 1, 0.0, 0},
-    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08843508763192064, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.10545579442994399, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.07867658884814623, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04136347389641346, 1, 0.0, 0},
-    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13871330745470814, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18937060913963533, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.7310318123785868, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.392519306736089, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6507817934558217, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08359878995138942, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5349484642293717, 1, 0.0, 1},
+    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03256431957333798, 1, 0.0, 0},
+    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03856213996090799, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.19640533288109016, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.37073809985702216, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.2327850558114125, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.13239603997345384, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1776526717664306, 1, 0.0, 0},
+    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.07311168287203011, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.40761566788079473, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.09923904979495111, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.154776701139455, 1, 0.0, 0},
+    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.1728978257615836, 1, 0.0, 0},
+    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.02592077472117783, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.2982679242678815, 1, 0.0, 0},
+    {128, 4096, 4096, 0.04806400090456009, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.033942191147874154, 1, 0.0, 0},
+    {4096, 256, 4096, 0.07091200351715088, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.2328379876798185, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.18011995467363118, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.128339390534702, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.050777024245341355, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.412477409148434, 1, 0.0, 0},
+    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.04289004616709586, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4826232051450746, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03550856152311007, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04919999837875366, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.05730230673239666, 1, 0.0, 0},
+    {3, 4096, 11008, 0.12006399780511856, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.017019495410011548, 1, 0.0, 0},
+    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.36513142233683754, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2749535763343452, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.2688263563501001, 1, 0.0, 0},
+    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.17123424042307375, 1, 0.0, 0},
+    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2325705914414237, 1, 0.0, 0},
+    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.48405169963568784, 1, 0.0, 0},
+    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.44346766423587447, 1, 0.0, 0},
+    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4817443519411623, 1, 0.0, 0},
+    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5106582657682965, 1, 0.0, 0},
+    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.4637180509100208, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.34951052825394335, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.38979742841341114, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.30731951931997614, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.023524438709482034, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.14820380917950177, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.13002628885747414, 1, 0.0, 0},
+    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12586361559275383, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.20743533362489014, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5178731625565207, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4750572174830041, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3904401677338413, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11076885239876064, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.11113671825720758, 1, 0.0, 1},
 };
 static const Point tf32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.03250112472665428, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03507616251726398, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03296174333064562, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09785930117156033, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06032000109553337, 8.317766166719343, 0.0, 8.317766166719343, -0.2431430083972186, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10201600193977356, 0.0, 8.317766166719343, 8.317766166719343, 0.2823229324831557, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11023999750614166, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.02470031104248151, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14974399656057358, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.19223684068128727, 1, 0.0, 0},
-    {4096, 12, 4096, 0.0862560011446476, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09767980244447837, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07798399776220322, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21334125515575608, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009179687078513167, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1037445293280256, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022383796086515813, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13283357780042754, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.014092772356614646, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.15189268560586122, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04982399940490723, 8.317766166719343, 0.0, 8.317766166719343, -0.20711910347347132, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10096000134944916, 0.0, 8.317766166719343, 8.317766166719343, 0.4991085249779181, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10942399874329567, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03154521419748169, 1, 0.0, 0},
+    {8, 6144, 6144, 0.1475200057029724, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.56502833585882, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08577599748969078, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.33462253460507996, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07755200192332268, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.443460108673164, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0003837410812323908, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15273936264727062, 1, 0.0, 0},
 };
 static const Point tf32_11_aligned[] = {
+    {256, 256, 256, 0.011327999643981457, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.4861239447938745, 1, 0.0, 0},
+    {512, 512, 512, 0.01708799973130226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.4653411405617984, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04686399921774864, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.5721715009314582, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2053920030593872, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.5194657387432619, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0950400233268738, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.4233718372076057, 1, 0.0, 0},
+    {8192, 8192, 8192, 8.238815784454346, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.1338599869380319, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5553440153598785, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.3972834744015797, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04396799951791763, 0.0, 8.317766166719343, 8.317766166719343, 0.21327043071260612, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07360000163316727, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.18341143296418297, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.36534773519981645, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15803200006484985, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.017712533598305318, 1, 0.0, 0},
+    {8192, 128, 8192, 0.14639999717473984, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.09416749594544997, 1, 0.0, 0},
+    {4096, 32, 4096, 0.057472001761198044, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.028076845213564915, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09601600095629692, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.17375527705290242, 1, 0.0, 0},
+    {128, 4096, 4096, 0.05552000179886818, 4.852030263919617, 8.317766166719343, 8.317766166719343, -0.13310766373982924, 1, 0.0, 0},
+    {4096, 256, 4096, 0.07971200346946716, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.37856459728324826, 1, 0.0, 0},
+    {1, 11008, 4096, 0.14107199758291245, 0.0, 9.306377560173125, 8.317766166719343, 0.5095093829893038, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0926239974796772, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.08381004278114504, 1, 0.0, 0},
+    {16, 4096, 4096, 0.044895999133586884, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2247097051143386, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1146400012075901, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.15243805843165378, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05750399827957153, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.015275758931514167, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07295999675989151, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.18204298410175973, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06870400160551071, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.40733383412083923, 1, 0.0, 0},
+    {5, 4096, 4096, 0.044096000492572784, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.21364940541282593, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08348800241947174, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.47323541030527105, 1, 0.0, 0},
+    {4096, 4096, 512, 0.5977280139923096, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.5716602488525094, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3498080372810364, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.6094855554728883, 1, 0.0, 0},
+    {8192, 8192, 256, 2.2652159929275513, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.569734494985472, 1, 0.0, 0},
+    {2048, 2048, 128, 0.13656000047922134, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.6641899148746401, 1, 0.0, 0},
+    {16384, 4096, 64, 2.073311924934387, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.645239167634629, 1, 0.0, 0},
+    {256, 256, 32768, 0.04982399940490723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07991246965158001, 1, 0.0, 0},
+    {512, 512, 16384, 0.06019200012087822, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.15503085201815203, 1, 0.0, 0},
+    {128, 1024, 65536, 0.12295999750494957, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.138444323917957, 1, 0.0, 0},
+    {64, 64, 131072, 0.1120000034570694, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.14754653056584394, 1, 0.0, 0},
+    {384, 384, 24576, 0.06486400216817856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.22446267715202103, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4753759950399399, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1932036953159212, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5702400207519531, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.059951803528285615, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1613759994506836, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.523019625448151, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.562608003616333, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.4835874467877382, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.0398560762405396, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.382221565283641, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1285760402679443, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.25772509970546836, 1, 0.0, 0},
+    {512, 512, 512, 0.6892800033092499, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.4291484939095672, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.1151039600372314, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.5812619753726046, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.1518079936504364, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.5583374742011897, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.0740159749984741, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.6144666003871253, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.3579839915037155, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.39780228374360177, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.174784004688263, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.5377455411982069, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.398144006729126, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.1786945834350661, 1, 0.0, 1},
+};
+static const Point tf32_11_unaligned[] = {
+    {2047, 2047, 2047, 0.3336000144481659, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.01486118141722603, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1847359985113144, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08850998639556566, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.380623936653137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03355385172407783, 1, 0.0, 0},
+    {127, 4099, 1023, 0.047648001462221146, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0580809511054923, 1, 0.0, 0},
+    {4096, 1, 4096, 0.0607680007815361, 8.317766166719343, 0.0, 8.317766166719343, -0.10227417154654098, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04887999966740608, 0.0, 8.317766166719343, 8.317766166719343, -0.024583705596239167, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11363200098276138, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.1032020440593789, 1, 0.0, 0},
+    {8, 6144, 6144, 0.08630400151014328, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.09697935320809692, 1, 0.0, 0},
+    {4096, 12, 4096, 0.06465600058436394, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.06293036923956837, 1, 0.0, 0},
+    {13, 5000, 3001, 0.05344000086188316, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.02633893594482823, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.8599199652671814, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05122386295287189, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.08144000172615051, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.056095062978605816, 1, 0.0, 0},
+};
+static const Point tf32_12_aligned[] = {
     {1, 4096, 4096, 0.035551998764276505, 0.0, 8.317766166719343, 8.317766166719343, -0.04546190559860433, 1, 0.0, 0},
     {16, 8192, 4096, 0.3005119860172272, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5935011974621001, 1, 0.0, 0},
     {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.06209810524860623, 1, 0.0, 0},
@@ -19105,187 +18506,193 @@ static const Point tf32_11_aligned[] = {
     {5, 4096, 4096, 0.07196799665689468, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.3259088823854962, 1, 0.0, 0},
     {3, 4096, 11008, 0.09171199798583984, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03102516179502553, 1, 0.0, 0},
 };
-static const Point tf32_11_unaligned[] = {
-    {4096, 1, 4096, 0.03551999852061272, 8.317766166719343, 0.0, 8.317766166719343, -0.018712968321818853, 1, 0.0, 0},
-    {1, 4096, 4096, 0.036720000207424164, 0.0, 8.317766166719343, 8.317766166719343, 0.014512726604725223, 1, 0.0, 0},
-    {16, 11008, 4096, 0.7252639830112457, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1489141996060848, 1, 0.0, 0},
-    {8, 6144, 6144, 0.2837759852409363, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.755969596433741, 1, 0.0, 0},
-    {4096, 12, 4096, 0.2409919947385788, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 1.202807690730277, 1, 0.0, 0},
-    {13, 5000, 3001, 0.23499199748039246, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 1.2213987201171452, 1, 0.0, 0},
-};
-static const Point tf32_12_aligned[] = {
-    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0009400660736268355, 1, 0.0, 0},
-    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02237587843102355, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1119454838066014, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16623777984919838, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.22855461820374295, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21449676317559213, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.14881171326280282, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, -0.012966893100862123, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09850317602906314, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05067027852249703, 1, 0.0, 0},
-    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0887137063927618, 1, 0.0, 0},
-    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.09972705712714497, 1, 0.0, 0},
-    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.8409554741282902, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.08338533047253625, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, -0.05800661144480849, 1, 0.0, 0},
-    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.050852069848117916, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.0020564293444553334, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.015499603561203695, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.01578033899486138, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09610745895517929, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0683369383962156, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06851200014352798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.02931905107620342, 1, 0.0, 0},
-    {3, 4096, 11008, 0.16300800442695618, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.10962449952761318, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21527252871080854, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1265332951433393, 1, 0.0, 0},
-    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10454171592456284, 1, 0.0, 0},
-    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0226942690663065, 1, 0.0, 0},
-    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.051984349446967566, 1, 0.0, 0},
-    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.15065021345067792, 1, 0.0, 0},
-    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12316749516977475, 1, 0.0, 0},
-    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1268666106483674, 1, 0.0, 0},
-    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08014592150713024, 1, 0.0, 0},
-    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1530069984594985, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17666350996785066, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18569465331158042, 1, 0.0, 0},
-    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.17416252169660867, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.15326742226974627, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.21008163420058096, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.22730821173209323, 1, 0.0, 0},
-    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08730028538656781, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.03198875570004853, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.31775039441610264, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21411475876410435, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16239453052685993, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11116726636105143, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.21116638085269512, 1, 0.0, 1},
-};
 static const Point tf32_12_unaligned[] = {
-    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.009952807832240347, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.0004085501502924282, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.027740636760458286, 1, 0.0, 0},
-    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.013265116650729818, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.017352725047486993, 1, 0.0, 0},
-    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.017152357171613113, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06778066258772728, 1, 0.0, 0},
-    {8, 6144, 6144, 0.11233599856495857, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.07957245205765709, 1, 0.0, 0},
-    {4096, 12, 4096, 0.07206399738788605, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.01022261944518411, 1, 0.0, 0},
-    {13, 5000, 3001, 0.06003199890255928, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06297486906159717, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05637540515456456, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.035233392048990265, 1, 0.0, 0},
+    {4096, 1, 4096, 0.03551999852061272, 8.317766166719343, 0.0, 8.317766166719343, -0.0187375211706325, 1, 0.0, 0},
+    {1, 4096, 4096, 0.036720000207424164, 0.0, 8.317766166719343, 8.317766166719343, 0.014488173755911767, 1, 0.0, 0},
+    {16, 11008, 4096, 0.7252639830112457, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1488896467572711, 1, 0.0, 0},
+    {8, 6144, 6144, 0.2837759852409363, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.7559450435849274, 1, 0.0, 0},
+    {4096, 12, 4096, 0.2409919947385788, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 1.2027831378814635, 1, 0.0, 0},
+    {13, 5000, 3001, 0.23499199748039246, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 1.2213741672683314, 1, 0.0, 0},
 };
 static const Point tf32_13_aligned[] = {
-    {256, 256, 256, 0.009535999968647957, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.27866712648023456, 1, 0.0, 0},
-    {512, 512, 512, 0.011839999817311764, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16439379544890867, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026016000658273697, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3988108521531507, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1327200010418892, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.409404286959253, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.8947039842605591, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.30534518394579374, 1, 0.0, 0},
-    {8192, 8192, 8192, 11.926623821258545, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3448346641440973, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.41600000858306885, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.2695753864091308, 1, 0.0, 0},
-    {1, 4096, 4096, 0.03923200070858002, 0.0, 8.317766166719343, 8.317766166719343, 0.2463016419017554, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06905599683523178, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.20251898591913087, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0644799992442131, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.2525601473512353, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14564800262451172, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.03677137697365156, 1, 0.0, 0},
-    {8192, 128, 8192, 0.13635199517011642, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.029181650913501413, 1, 0.0, 0},
-    {4096, 32, 4096, 0.060047999024391174, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.06274548825798952, 1, 0.0, 0},
-    {80, 8192, 4096, 0.19787199795246124, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.8793786560155782, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08161600306630135, 0.0, 9.306377560173125, 8.317766166719343, 0.36962662086289977, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08195199817419052, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.37373494985057787, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04044799879193306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.27682605218396295, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10654399916529655, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2603163468975834, 1, 0.0, 0},
-    {4096, 16, 4096, 0.061135999858379364, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.08070215050053296, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06862400099635124, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.19624360440598965, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06387200206518173, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.2430861738962523, 1, 0.0, 0},
-    {5, 4096, 4096, 0.03951999917626381, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.25361573556287215, 1, 0.0, 0},
-    {3, 4096, 11008, 0.07939200103282928, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.22830010566524578, 1, 0.0, 0},
-    {4096, 4096, 512, 0.2710080146789551, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.4587327741336865, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.7434720098972321, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.44057237803529375, 1, 0.0, 0},
-    {8192, 8192, 256, 0.8897119760513306, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.47996942543050364, 1, 0.0, 0},
-    {2048, 2048, 128, 0.05923200026154518, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.43450963835343914, 1, 0.0, 0},
-    {16384, 4096, 64, 0.9015679955482483, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.3417500518952607, 1, 0.0, 0},
-    {256, 256, 32768, 0.10358399897813797, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.46988458673728684, 1, 0.0, 0},
-    {512, 512, 16384, 0.06351999938488007, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.33142307360237055, 1, 0.0, 0},
-    {128, 1024, 65536, 0.2059839963912964, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.43968500616466144, 1, 0.0, 0},
-    {64, 64, 131072, 0.34569600224494934, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5973284914022469, 1, 0.0, 0},
-    {384, 384, 24576, 0.08345600217580795, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.4188556824812886, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4474399983882904, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2761249789439906, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5232640206813812, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.31584878960939683, 1, 0.0, 0},
-    {1536, 2560, 768, 0.08452800288796425, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.29969027907712903, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3794720023870468, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3241316158344033, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.584720015525818, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0990164825342163, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3876959681510925, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.269542502470466, 1, 0.0, 0},
-    {512, 512, 512, 0.29393599927425385, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3775191149396411, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.47974398732185364, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.35286481374322376, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.0698080025613308, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.2702229260878009, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.4947520047426224, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.25785805643819515, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.16223999857902527, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.3106879328051212, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.48691199719905853, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.39836224813985655, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.1825760006904602, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.026387714172100757, 1, 0.0, 1},
+    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0017507438464053843, 1, 0.0, 0},
+    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02140328473740285, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10744206349563071, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1611772816739721, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.22310275097756052, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.20861338545301653, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.14341812526442854, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, -0.013946165847746321, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.10076840623175266, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.04947522698762401, 1, 0.0, 0},
+    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08303270255664516, 1, 0.0, 0},
+    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.09404605329102822, 1, 0.0, 0},
+    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.8410360914303396, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.07956717915559447, 1, 0.0, 0},
+    {128, 4096, 4096, 0.0708640031516552, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.0035921764767472926, 1, 0.0, 0},
+    {4096, 256, 4096, 0.12297599762678146, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.11333869345743526, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, -0.05840896749819767, 1, 0.0, 0},
+    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05092475807681558, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.002522711791324937, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.014792911847691437, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.016246621441731005, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09769051016086029, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0689777428506202, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06851200014352798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.030161500676590392, 1, 0.0, 0},
+    {3, 4096, 11008, 0.16300800442695618, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.1105961976510703, 1, 0.0, 0},
+    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21243251550746553, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.12202782418690256, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10399616019407971, 1, 0.0, 0},
+    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.020645461656611713, 1, 0.0, 0},
+    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04441318664171095, 1, 0.0, 0},
+    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.15291709187042446, 1, 0.0, 0},
+    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12196113036222682, 1, 0.0, 0},
+    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12797948533475206, 1, 0.0, 0},
+    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08352761922452866, 1, 0.0, 0},
+    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1538189805813533, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17146801932026534, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.179850241451747, 1, 0.0, 0},
+    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.17083659848473493, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.14822386773306045, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.20441370607111078, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.22185595082249296, 1, 0.0, 0},
+    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0844602721832247, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.028934615940717424, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.31570158700640777, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2066953377838634, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16537911638353142, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11064676708007481, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.20573235293030584, 1, 0.0, 1},
 };
 static const Point tf32_13_unaligned[] = {
-    {2047, 2047, 2047, 0.24313600361347198, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031962301054643934, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.13180800527334213, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07221250070893183, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.0584800243377686, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02906443136897514, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03846399858593941, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.07158184821723505, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06439999863505363, 8.317766166719343, 0.0, 8.317766166719343, -0.14749440335846972, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05060800164937973, 0.0, 8.317766166719343, 8.317766166719343, -0.010473881408715177, 1, 0.0, 0},
-    {16, 11008, 4096, 0.09619200229644775, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10191442014991446, 1, 0.0, 0},
-    {8, 6144, 6144, 0.12115199863910675, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.1542112480024241, 1, 0.0, 0},
-    {4096, 12, 4096, 0.07075200229883194, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.06736466622192872, 1, 0.0, 0},
-    {13, 5000, 3001, 0.045504000037908554, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.0012869462524613315, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6520959734916687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03363747739254298, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05443200096487999, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01844631738970991, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.010010058470770498, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.00046726183984714594, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02757933740768192, 1, 0.0, 0},
+    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.014191629736885453, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.01758091112515422, 1, 0.0, 0},
+    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.016924171093945856, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0677350394644769, 1, 0.0, 0},
+    {8, 6144, 6144, 0.11233599856495857, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.07946276622610532, 1, 0.0, 0},
+    {4096, 12, 4096, 0.07206399738788605, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.010450805522851292, 1, 0.0, 0},
+    {13, 5000, 3001, 0.06003199890255928, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.06263083320377955, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.056220720537693274, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03575516447680575, 1, 0.0, 0},
 };
 static const Point tf32_14_aligned[] = {
-    {256, 256, 256, 0.009056000038981438, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.22908328963299604, 1, 0.0, 0},
-    {512, 512, 512, 0.011327999643981457, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07204776863638965, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03049599938094616, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3391416870771724, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.13836799561977386, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4143700318644827, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.8582720160484314, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3427793132762631, 1, 0.0, 0},
-    {8192, 8192, 8192, 7.811520099639893, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.011507342864931495, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.42712000012397766, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.2769531565038324, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06164800003170967, 0.0, 8.317766166719343, 8.317766166719343, 0.3762059411259996, 1, 0.0, 0},
-    {16, 8192, 4096, 0.12097599729895592, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.40638151245951215, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08038400113582611, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.17472030952673442, 1, 0.0, 0},
-    {128, 8192, 8192, 0.1372160017490387, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.046859286729950676, 1, 0.0, 0},
-    {8192, 128, 8192, 0.13967999815940857, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06465702632920539, 1, 0.0, 0},
-    {4096, 32, 4096, 0.03903999924659729, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.5208646526159382, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08761599659919739, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.08375294682183006, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1764480024576187, 0.0, 9.306377560173125, 8.317766166719343, 0.3952933189294536, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1677439957857132, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3447060721774504, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06265600025653839, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.3924246037302711, 1, 0.0, 0},
-    {4, 14336, 4096, 0.23430399596691132, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5296298192728474, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0387520007789135, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5134602978399094, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13465599715709686, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.5135127130935012, 1, 0.0, 0},
-    {12, 4096, 8192, 0.09937599673867226, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3868157469899377, 1, 0.0, 0},
-    {5, 4096, 4096, 0.0658240020275116, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.44174969700038885, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1308640018105507, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.43376584900065346, 1, 0.0, 0},
-    {4096, 4096, 512, 0.3201279938220978, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.47581740554861285, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8181440234184265, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.4794642773883811, 1, 0.0, 0},
-    {8192, 8192, 256, 1.1942239999771118, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.42590064093934255, 1, 0.0, 0},
-    {2048, 2048, 128, 0.07699199765920639, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.4011246454895112, 1, 0.0, 0},
-    {16384, 4096, 64, 1.0623199939727783, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.4878731692837634, 1, 0.0, 0},
-    {256, 256, 32768, 0.08617600053548813, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25598110759776616, 1, 0.0, 0},
-    {512, 512, 16384, 0.05644800141453743, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07686997255148754, 1, 0.0, 0},
-    {128, 1024, 65536, 0.174112007021904, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.19703538897480413, 1, 0.0, 0},
-    {64, 64, 131072, 0.28990399837493896, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.35501608789057626, 1, 0.0, 0},
-    {384, 384, 24576, 0.07145600020885468, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18685874427130014, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4467040002346039, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.24904713736526074, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5042719841003418, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.22973946357035596, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09355199709534645, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.38555260924808404, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3920480012893677, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.34926204228633745, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.9314240217208862, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.0872221446760909, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.9676640033721924, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0875023299871045, 1, 0.0, 0},
-    {512, 512, 512, 0.3737120032310486, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.32105284612454077, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6094399988651276, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.35672946675423045, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.09139200299978256, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.22966815533833365, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5745439827442169, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.41569331496248607, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11521599814295769, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.15007510123982307, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.5963839888572693, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.4333296523201534, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.1894239783287048, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.016475980450670474, 1, 0.0, 1},
+    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.05492306677294063, 1, 0.0, 0},
+    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09492402330809416, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09864452857904266, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07250603153459213, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008373228555287703, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12542051790458789, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.004810027934519888, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.10332556086916243, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.014301719239434978, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10833128101507102, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07726878784971707, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07823160256156748, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.14964557142968693, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.013864133097002775, 1, 0.0, 0},
+    {128, 4096, 4096, 0.17838399857282639, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.7395325974772348, 1, 0.0, 0},
+    {4096, 256, 4096, 0.08803199976682663, 8.317766166719343, 5.545177444479562, 8.317766166719343, 0.021171167600778733, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.1388027169343386, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.13041096124345705, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.11690707992025468, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2898219657673134, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11316659220706594, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.026297484476068327, 1, 0.0, 0},
+    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.13067167272105348, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07636800035834312, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.10613373512121295, 1, 0.0, 0},
+    {3, 4096, 11008, 0.18873600661754608, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.11953614340267413, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07531791750006298, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.02129897535796683, 1, 0.0, 0},
+    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.031133684558769217, 1, 0.0, 0},
+    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0203569464702274, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04888162184133236, 1, 0.0, 0},
+    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09838083409931042, 1, 0.0, 0},
+    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1184298865676436, 1, 0.0, 0},
+    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1164156680451793, 1, 0.0, 0},
+    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10698781888119668, 1, 0.0, 0},
+    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.12996263428177404, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.148024470623906, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1147093090576854, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.003429927168377109, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.016208996234609332, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.029047472124277437, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0057230316626050775, 1, 0.0, 0},
+    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.028150670166106055, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.04580046566848261, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3465957649724561, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.07267709900973628, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.17851401698548913, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08611396245514065, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3761211566042792, 1, 0.0, 1},
 };
 static const Point tf32_14_unaligned[] = {
+    {2047, 2047, 2047, 0.2032639980316162, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03034694249326966, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11540799960494041, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.22061127001206274, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7205439805984497, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.01636077236287002, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03359999880194664, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11883045449593552, 1, 0.0, 0},
+    {4096, 1, 4096, 0.0796000026166439, 8.317766166719343, 0.0, 8.317766166719343, 0.04066816471700966, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10039999708533287, 0.0, 8.317766166719343, 8.317766166719343, 0.2739536683745844, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10847999900579453, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.1312315292308879, 1, 0.0, 0},
+    {8, 6144, 6144, 0.1467360034584999, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.11710527652653109, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08636800199747086, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09408964536044541, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07756800204515457, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.1945879066734298, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.515775978565216, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.019547627444926722, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14344039599879202, 1, 0.0, 0},
+};
+static const Point tf32_15_aligned[] = {
+    {256, 256, 256, 0.009056000038981438, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.23493739050204118, 1, 0.0, 0},
+    {512, 512, 512, 0.011327999643981457, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07778071158881553, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03049599938094616, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3212164479495607, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.13836799561977386, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.3955367828856331, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.8582720160484314, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.33042534117986955, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.811520099639893, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.005512067183758329, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.42712000012397766, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.26169911147689445, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06164800003170967, 0.0, 8.317766166719343, 8.317766166719343, 0.3792207819453753, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12097599729895592, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4139804889127233, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08038400113582611, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.17512092926809644, 1, 0.0, 0},
+    {128, 8192, 8192, 0.1372160017490387, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.04998991438618646, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13967999815940857, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06778765398544126, 1, 0.0, 0},
+    {4096, 32, 4096, 0.03903999924659729, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.5159650299425289, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08761599659919739, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.09135192327504123, 1, 0.0, 0},
+    {128, 4096, 4096, 0.04718400165438652, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.11183488068257416, 1, 0.0, 0},
+    {4096, 256, 4096, 0.06903999671339989, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.14692566840520124, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1764480024576187, 0.0, 9.306377560173125, 8.317766166719343, 0.4045298681448104, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1677439957857132, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3539426213928073, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06265600025653839, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.39543944454964675, 1, 0.0, 0},
+    {4, 14336, 4096, 0.23430399596691132, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.539345082099204, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0387520007789135, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5085606751665002, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13465599715709686, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.5211116895467123, 1, 0.0, 0},
+    {12, 4096, 8192, 0.09937599673867226, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3872163667312999, 1, 0.0, 0},
+    {5, 4096, 4096, 0.0658240020275116, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.44476453781976455, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1308640018105507, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.43327120747654363, 1, 0.0, 0},
+    {4096, 4096, 512, 0.3201279938220978, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.44103321997243283, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8181440234184265, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.4506149152815125, 1, 0.0, 0},
+    {8192, 8192, 256, 1.1942239999771118, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.3860423080037705, 1, 0.0, 0},
+    {2048, 2048, 128, 0.07699199765920639, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.36316331951644254, 1, 0.0, 0},
+    {16384, 4096, 64, 1.0623199939727783, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.4454746995190875, 1, 0.0, 0},
+    {256, 256, 32768, 0.08617600053548813, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.26015105941931493, 1, 0.0, 0},
+    {512, 512, 16384, 0.05644800141453743, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08119858944459735, 1, 0.0, 0},
+    {128, 1024, 65536, 0.174112007021904, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20111409806746458, 1, 0.0, 0},
+    {64, 64, 131072, 0.28990399837493896, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.35904566316356307, 1, 0.0, 0},
+    {384, 384, 24576, 0.07145600020885468, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19108484172153725, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4467040002346039, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.248082703919632, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5042719841003418, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23225457943071323, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09355199709534645, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3569732690106304, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.3920480012893677, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.329094870193485, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.9314240217208862, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.07465650147253684, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.9676640033721924, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.07519766322789995, 1, 0.0, 0},
+    {512, 512, 512, 0.3737120032310486, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.28626866054836075, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6094399988651276, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.3146435045219363, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.09139200299978256, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.19170682936526504, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5745439827442169, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.37360735273019186, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11521599814295769, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.11813739519071448, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.5963839888572693, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.3937607956770046, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1894239783287048, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0041220083542769246, 1, 0.0, 1},
+};
+static const Point tf32_15_unaligned[] = {
     {2047, 2047, 2047, 0.2624000012874603, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007838251607080694, 1, 0.0, 0},
     {1531, 1531, 1531, 0.14209599792957306, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.068234604426392, 1, 0.0, 0},
     {5003, 5003, 5003, 3.148271918296814, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.017954578584531464, 1, 0.0, 0},
@@ -19299,191 +18706,133 @@ static const Point tf32_14_unaligned[] = {
     {4096, 4096, 4096, 1.6176480054855347, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05644400712231827, 1, 0.0, 0},
     {1024, 1024, 1024, 0.05990400165319443, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.011776765782059872, 1, 0.0, 0},
 };
-static const Point tf32_15_aligned[] = {
-    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.05530432724237157, 1, 0.0, 0},
-    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09440136480599068, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09812440840090715, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0721208456254674, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008454165152370598, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.1253540571437899, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.004645420994572115, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.10244050766270092, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.015081724662478743, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10742456562076064, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0765390956643731, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0788740513110861, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.1487834056891436, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.013134434433595263, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.1395310271081112, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.13113206362256535, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.11602817506135232, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.29047174584453417, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11229278508568348, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.027085375370287875, 1, 0.0, 0},
-    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.1297423948191056, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07636800035834312, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.10525032187546458, 1, 0.0, 0},
-    {3, 4096, 11008, 0.18873600661754608, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.11858951781073225, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07527097040060478, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.02129347655110335, 1, 0.0, 0},
-    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.031191272083434723, 1, 0.0, 0},
-    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.020475788841402658, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04883985905685414, 1, 0.0, 0},
-    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0973277116251822, 1, 0.0, 0},
-    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1174559571162861, 1, 0.0, 0},
-    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.11537123428881019, 1, 0.0, 0},
-    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10589987899661438, 1, 0.0, 0},
-    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1289373132592363, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1476734445768923, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11396080254372887, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0034005748241463934, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.016243498833998504, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.029039011197934197, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.005737685501586717, 1, 0.0, 0},
-    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02823830360345956, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.04581150701896065, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.34667010907019036, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.07267242906831359, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1788068023941007, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08614241332655427, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3762038322136907, 1, 0.0, 1},
-};
-static const Point tf32_15_unaligned[] = {
-    {2047, 2047, 2047, 0.2032639980316162, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.030254260154697475, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11540799960494041, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.22029801230813728, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7205439805984497, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.01604045694322057, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03359999880194664, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11937771346639352, 1, 0.0, 0},
-    {4096, 1, 4096, 0.0796000026166439, 8.317766166719343, 0.0, 8.317766166719343, 0.04336141229247109, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10039999708533287, 0.0, 8.317766166719343, 8.317766166719343, 0.2766515812308978, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10847999900579453, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.13010341053356553, 1, 0.0, 0},
-    {8, 6144, 6144, 0.1467360034584999, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.11940266044904722, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08636800199747086, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.09666899035913636, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07756800204515457, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.1966738032753588, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.515775978565216, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.019272121715461193, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14340887603087704, 1, 0.0, 0},
-};
 static const Point tf32_16_aligned[] = {
-    {256, 256, 256, 0.011327999643981457, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.4756738320074999, 1, 0.0, 0},
-    {512, 512, 512, 0.01708799973130226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.49258312223638206, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04686399921774864, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6460503023675426, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2053920030593872, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.6010090223583017, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.0950400233268738, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.4947139732559855, 1, 0.0, 0},
-    {8192, 8192, 8192, 8.238815784454346, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.18950880672829065, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5553440153598785, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.4733669977898724, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04396799951791763, 0.0, 8.317766166719343, 8.317766166719343, 0.19725280813405557, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07360000163316727, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1451685683175141, 1, 0.0, 0},
-    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.3443240327131803, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15803200006484985, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.06253362962859071, 1, 0.0, 0},
-    {8192, 128, 8192, 0.14639999717473984, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.13898859197573543, 1, 0.0, 0},
-    {4096, 32, 4096, 0.057472001761198044, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06013483873776625, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09601600095629692, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.22773699879368262, 1, 0.0, 0},
-    {1, 11008, 4096, 0.14107199758291245, 0.0, 9.306377560173125, 8.317766166719343, 0.4665582910940417, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0926239974796772, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04004806747742641, 1, 0.0, 0},
-    {16, 4096, 4096, 0.044895999133586884, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.20685879137930205, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1146400012075901, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1048281112203608, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05750399827957153, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.045161472627966485, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07295999675989151, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.14504935324094217, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06870400160551071, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.39603156650910387, 1, 0.0, 0},
-    {5, 4096, 4096, 0.044096000492572784, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.19713918060583782, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08348800241947174, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.46692035047374675, 1, 0.0, 0},
-    {4096, 4096, 512, 0.5977280139923096, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.6744269543191483, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3498080372810364, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.7067433125474022, 1, 0.0, 0},
-    {8192, 8192, 256, 2.2652159929275513, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.6776608752624033, 1, 0.0, 0},
-    {2048, 2048, 128, 0.13656000047922134, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7640630208196506, 1, 0.0, 0},
-    {16384, 4096, 64, 2.073311924934387, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.7519828988117064, 1, 0.0, 0},
-    {256, 256, 32768, 0.04982399940490723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05252848727730031, 1, 0.0, 0},
-    {512, 512, 16384, 0.06019200012087822, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.17347509672345784, 1, 0.0, 0},
-    {128, 1024, 65536, 0.12295999750494957, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.12944236096695014, 1, 0.0, 0},
-    {64, 64, 131072, 0.1120000034570694, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.04991409790152209, 1, 0.0, 0},
-    {384, 384, 24576, 0.06486400216817856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.21413927275019928, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4753759950399399, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.22945281173512524, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5702400207519531, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.08139253500542856, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1613759994506836, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.6167736494342242, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.562608003616333, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5687894930887136, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.0398560762405396, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.45434252543471976, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1285760402679443, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.3289888744922661, 1, 0.0, 0},
-    {512, 512, 512, 0.6892800033092499, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5319151993762061, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.1151039600372314, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.6878894679964044, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.1518079936504364, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6582105801462002, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.0740159749984741, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.7206956907211095, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.3579839915037155, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.4976334093482569, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.174784004688263, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.6451591140181732, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.398144006729126, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.2499945179588407, 1, 0.0, 1},
+    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.5036774390435421, 1, 0.0, 0},
+    {512, 512, 512, 0.016736000776290894, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5019306928284594, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04753600060939789, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.5217146882183565, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.19996799528598785, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.49362355404254543, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0917440056800842, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3758322839208321, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.784560203552246, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.1464387823541507, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5562559962272644, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.3417041270780103, 1, 0.0, 0},
+    {1, 4096, 4096, 0.043807998299598694, 0.0, 8.317766166719343, 8.317766166719343, 0.21638728478379396, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07310399785637856, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.20656451478500534, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.3696537799573957, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16257599741220474, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.044399130727818155, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13460800051689148, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.14437958344982432, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05555199831724167, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.02104002929561543, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09427200257778168, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.1514734032811377, 1, 0.0, 0},
+    {128, 4096, 4096, 0.0530879981815815, 4.852030263919617, 8.317766166719343, 8.317766166719343, -0.1582200877921149, 1, 0.0, 0},
+    {4096, 256, 4096, 0.07599999755620956, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.39148736119447575, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0910400003194809, 0.0, 9.306377560173125, 8.317766166719343, 0.1194760239508244, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0912800021469593, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11551413688035782, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04505600035190582, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2324702834931891, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1138560026884079, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.19277277177273916, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0560000017285347, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0031483679349487053, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07215999811887741, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.20317025032082292, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06835199892520905, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.4203767290444241, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04382399842143059, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.21353652633667117, 1, 0.0, 0},
+    {3, 4096, 11008, 0.0830559991300106, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.495603013183095, 1, 0.0, 0},
+    {4096, 4096, 512, 0.599375993013382, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.5052539260570941, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.347104012966156, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.5496226077717211, 1, 0.0, 0},
+    {8192, 8192, 256, 2.28056001663208, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.4960949942027256, 1, 0.0, 0},
+    {2048, 2048, 128, 0.13732799887657166, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.5968728968800072, 1, 0.0, 0},
+    {16384, 4096, 64, 2.0776959657669067, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.5716230981153464, 1, 0.0, 0},
+    {256, 256, 32768, 0.045951999723911285, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.11042137113912288, 1, 0.0, 0},
+    {512, 512, 16384, 0.05841600149869919, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1722617757946579, 1, 0.0, 0},
+    {128, 1024, 65536, 0.1467519998550415, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.331687711927605, 1, 0.0, 0},
+    {64, 64, 131072, 0.10678400099277496, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.01014515116547748, 1, 0.0, 0},
+    {384, 384, 24576, 0.060095999389886856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.24299658891239262, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.48819200694561005, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12806727072737362, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5770879983901978, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.016171230660564917, 1, 0.0, 0},
+    {1536, 2560, 768, 0.16195200383663177, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.4631879885508592, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5261280238628387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.49482383717796424, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.0699520111083984, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.32133480756530186, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1086080074310303, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.22539573692491, 1, 0.0, 0},
+    {512, 512, 512, 0.6953920125961304, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3566672949904693, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.1224640011787415, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.5053207325731239, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.1512800008058548, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.500112683998139, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.0836640000343323, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.5346174582086921, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.35676801204681396, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.33584483795852366, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.1810719966888428, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.466085034262874, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.3967679738998413, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.1290189125313543, 1, 0.0, 1},
 };
 static const Point tf32_16_unaligned[] = {
-    {2047, 2047, 2047, 0.3336000144481659, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.014304362254592173, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1847359985113144, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08812723069232856, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.380623936653137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03444680432073029, 1, 0.0, 0},
-    {127, 4099, 1023, 0.047648001462221146, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.058030490861438196, 1, 0.0, 0},
-    {4096, 1, 4096, 0.0607680007815361, 8.317766166719343, 0.0, 8.317766166719343, -0.10199886207434425, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04887999966740608, 0.0, 8.317766166719343, 8.317766166719343, -0.024559266751243956, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11363200098276138, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10298045538583472, 1, 0.0, 0},
-    {8, 6144, 6144, 0.08630400151014328, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.09674077122910046, 1, 0.0, 0},
-    {4096, 12, 4096, 0.06465600058436394, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.06273432110509959, 1, 0.0, 0},
-    {13, 5000, 3001, 0.05344000086188316, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.026253458759979045, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.8599199652671814, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05209248470815647, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.08144000172615051, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05599403606847577, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3359839916229248, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.021578883325668152, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1844480037689209, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08444341784483307, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.3597439527511597, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.036087488235548575, 1, 0.0, 0},
+    {127, 4099, 1023, 0.047968000173568726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0623372179331964, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05894400179386139, 8.317766166719343, 0.0, 8.317766166719343, -0.11193301255960646, 1, 0.0, 0},
+    {1, 4096, 4096, 0.048496000468730927, 0.0, 8.317766166719343, 8.317766166719343, -0.03284907277456419, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11388800293207169, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11548523618421598, 1, 0.0, 0},
+    {8, 6144, 6144, 0.08619200065732002, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.10273352192847672, 1, 0.0, 0},
+    {4096, 12, 4096, 0.06401600316166878, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.05478408002869956, 1, 0.0, 0},
+    {13, 5000, 3001, 0.0536159984767437, 2.5649493574615367, 8.517193191416238, 8.006700845440367, -0.020090458691456512, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.853872001171112, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.053038655090569514, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.08164800330996513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05136903581734721, 1, 0.0, 0},
 };
 static const Point tf32_17_aligned[] = {
-    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.020714734237114295, 1, 0.0, 0},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10571641698268851, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11354891094073842, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0861463177482619, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.007415928765563035, 1, 0.0, 0},
-    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05322066050952398, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.09897766669011357, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.14154469943865824, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08411993961670827, 1, 0.0, 0},
-    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.171721949447773, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02437557653479357, 1, 0.0, 0},
-    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.016428261905073415, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07715794650747787, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.03367237622812767, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.2580781265699113, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2170458761491967, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.1354951408823419, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4249819059436514, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05487722589487441, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.08663461998046505, 1, 0.0, 0},
-    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.1883413601604024, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06407999992370605, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.16985432531659653, 1, 0.0, 0},
-    {3, 4096, 11008, 0.15520000457763672, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.20713882782839904, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04551024619068856, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.008809174542350392, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.040862892743726904, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03636459800482055, 1, 0.0, 0},
-    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00443677265880036, 1, 0.0, 0},
-    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.22116129833603246, 1, 0.0, 0},
-    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.21690646957599405, 1, 0.0, 0},
-    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.24209961218719375, 1, 0.0, 0},
-    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24325422675670128, 1, 0.0, 0},
-    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.24639335745715854, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11969678453608092, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23474400937921777, 1, 0.0, 0},
-    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08117573192234262, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.005116387289822138, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.01829012563352233, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.003406670827286458, 1, 0.0, 0},
-    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1596042409280832, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.02046400628383914, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.540269769884973, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1210069902102728, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.31262007148500565, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.013333281535536184, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3439398490636886, 1, 0.0, 1},
+    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.21359053000668526, 1, 0.0, 0},
+    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07274886511467338, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0972561672057805, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07937899120187517, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.058791698266714855, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.03839709819197086, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.0577877281094753, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.10344916476362702, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09717831078908286, 1, 0.0, 0},
+    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.1500995187717174, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.00860906928470055, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.029391312373471725, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06015638508986069, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.05178837974960888, 1, 0.0, 0},
+    {128, 4096, 4096, 0.06531199812889099, 4.852030263919617, 8.317766166719343, 8.317766166719343, -0.13289855366203157, 1, 0.0, 0},
+    {4096, 256, 4096, 0.0684799998998642, 8.317766166719343, 5.545177444479562, 8.317766166719343, -0.08553258126946388, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.28167085961765426, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.23631382543698493, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.11493252076765234, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.44427069439673816, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04613217700052095, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1118617492709352, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.17146113036904126, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06404800340533257, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.1524414562220258, 1, 0.0, 0},
+    {3, 4096, 11008, 0.15545600652694702, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.19637441468967903, 1, 0.0, 0},
+    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.11705378497333964, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.05492320790395609, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.026146053523934502, 1, 0.0, 0},
+    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.030013972735082266, 1, 0.0, 0},
+    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08272240413945499, 1, 0.0, 0},
+    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.24550385751137171, 1, 0.0, 0},
+    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2125446423255236, 1, 0.0, 0},
+    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.23110806658043428, 1, 0.0, 0},
+    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2339721571970939, 1, 0.0, 0},
+    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.23863852468843083, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1135825265046173, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.22771386568341756, 1, 0.0, 0},
+    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09249951286147269, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.046241460117493145, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0983090066704434, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.10271624470453718, 1, 0.0, 0},
+    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1050350576288161, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.0019983651935101794, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.545778920055988, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2075288897938453, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.32709501572161936, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07823061895088042, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.37435924182684577, 1, 0.0, 1},
 };
 static const Point tf32_17_unaligned[] = {
-    {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.011358936951765186, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11779200285673141, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2832337082218231, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6783519983291626, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010232239327174772, 1, 0.0, 0},
-    {127, 4099, 1023, 0.0342399999499321, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09743538464276917, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07558400183916092, 8.317766166719343, 0.0, 8.317766166719343, -0.03884109010520453, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10118400305509567, 0.0, 8.317766166719343, 8.317766166719343, 0.25353441297903195, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10931199789047241, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.09537919499304644, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14793600142002106, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.12235843124833307, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08616000041365623, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.068492218629511, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07753600180149078, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.17343314317790642, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4395039677619934, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.019758278155345883, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13991886845683407, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0030288827435524064, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11495999991893768, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2599821460238097, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6779520511627197, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.011211978559579845, 1, 0.0, 0},
+    {127, 4099, 1023, 0.0339680016040802, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09381523263673715, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07596799731254578, 8.317766166719343, 0.0, 8.317766166719343, -0.03342482985029094, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10060799866914749, 0.0, 8.317766166719343, 8.317766166719343, 0.24817476913865347, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10867200046777725, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.10116867723263759, 1, 0.0, 0},
+    {8, 6144, 6144, 0.14652800559997559, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.11239053008025536, 1, 0.0, 0},
+    {4096, 12, 4096, 0.08591999858617783, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.06603359526341783, 1, 0.0, 0},
+    {13, 5000, 3001, 0.07772800326347351, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.1768895300926383, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4453759789466858, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.016463424958567764, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13762118643890858, 1, 0.0, 0},
 };
 static const Point tf32_18_aligned[] = {
     {1, 4096, 4096, 0.038015998899936676, 0.0, 8.317766166719343, 8.317766166719343, -0.0020192202928855448, 1, 0.0, 0},
@@ -19507,254 +18856,208 @@ static const Point tf32_18_unaligned[] = {
     {13, 5000, 3001, 0.0541439987719059, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.26755994874139094, 1, 0.0, 0},
 };
 static const Point tf32_19_aligned[] = {
-    {256, 256, 256, 0.011935999616980553, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.17623054393085644, 1, 0.0, 0},
-    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1484478640359711, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026847999542951584, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1309554611210982, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.052719999104738235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03926805395442251, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.3916960060596466, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0014862125877615497, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.11625599861145, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.030718371093561056, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.20707200467586517, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04742610117574149, 1, 0.0, 0},
-    {1, 4096, 4096, 0.08601599931716919, 0.0, 8.317766166719343, 8.317766166719343, -0.09467244876741675, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09460799768567085, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.006119388577064896, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15964800119400024, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.12264653253270033, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16779199987649918, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08375625734317405, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20342400670051575, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.10265602703993988, 1, 0.0, 0},
-    {4096, 32, 4096, 0.08755200356245041, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07843761589902405, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09424000233411789, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.012970802108365619, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10444799810647964, 0.0, 9.306377560173125, 8.317766166719343, 0.08944321069995552, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10492800176143646, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.09359504922333517, 1, 0.0, 0},
-    {16, 4096, 4096, 0.08617600053548813, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.09316299831472627, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11852800101041794, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21086391246203778, 1, 0.0, 0},
-    {4096, 16, 4096, 0.08886399865150452, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.06281970956613947, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09462399780750275, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.0054879084139835424, 1, 0.0, 0},
-    {12, 4096, 8192, 0.15942400693893433, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12278195502511915, 1, 0.0, 0},
-    {5, 4096, 4096, 0.08590399846434593, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09606845702432473, 1, 0.0, 0},
-    {3, 4096, 11008, 0.20996800065040588, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.12990696642493882, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06908799707889557, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.00852531148582853, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2544320076704025, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0011365207861588594, 1, 0.0, 0},
-    {8192, 8192, 256, 0.18758400529623032, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.06949089352303552, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01297600008547306, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09652063048809643, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10342399775981903, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.025661431881257014, 1, 0.0, 0},
-    {256, 256, 32768, 0.6043840050697327, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.13305358475993606, 1, 0.0, 0},
-    {512, 512, 16384, 0.31651198863983154, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10319903054834469, 1, 0.0, 0},
-    {128, 1024, 65536, 1.2012320160865784, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1340631545792772, 1, 0.0, 0},
-    {64, 64, 131072, 2.3792799711227417, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.13824551337191404, 1, 0.0, 0},
-    {384, 384, 24576, 0.4567680060863495, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.13152540055650577, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3465439975261688, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.053048337261807244, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9343039989471436, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11688166693764175, 1, 0.0, 0},
-    {1536, 2560, 768, 0.025200000032782555, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03327571707773191, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15001599490642548, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03734199222366925, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1097919940948486, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.03937808599800098, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3875200003385544, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0005543771485936883, 1, 0.0, 0},
-    {512, 512, 512, 0.09638399630784988, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.3244338508934013, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08019199967384338, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1869605880995163, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02739199995994568, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3418585403794594, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07072000205516815, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2507125920813843, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07928000018000603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15362804794422105, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09491200000047684, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.0589685292347869, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.4968319982290268, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.23938705579922157, 1, 0.0, 1},
+    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.07817088952437397, 1, 0.0, 0},
+    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06551990422705521, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05535493769724507, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.03151955911911428, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006466522377013581, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.00097959927166562, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.4882789376049408, 1, 0.0, 0},
+    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.35801936061470263, 1, 0.0, 0},
+    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.05819692313812041, 1, 0.0, 0},
+    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.15077567587595758, 1, 0.0, 0},
+    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.009631334204603183, 1, 0.0, 0},
+    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01155728449728342, 1, 0.0, 0},
+    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.15213203308741197, 1, 0.0, 0},
+    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.021709436476900313, 1, 0.0, 0},
+    {128, 4096, 4096, 0.23318400233983994, 4.852030263919617, 8.317766166719343, 8.317766166719343, 0.0685792075811474, 1, 0.0, 0},
+    {4096, 256, 4096, 0.2503200024366379, 8.317766166719343, 5.545177444479562, 8.317766166719343, 0.010353863875195298, 1, 0.0, 0},
+    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.01003680917256235, 1, 0.0, 0},
+    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.002527862021826993, 1, 0.0, 0},
+    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.12043659541952852, 1, 0.0, 0},
+    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.05321725749148948, 1, 0.0, 0},
+    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.10844033065946687, 1, 0.0, 0},
+    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03811117702464371, 1, 0.0, 0},
+    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.1301184540181178, 1, 0.0, 0},
+    {5, 4096, 4096, 0.2702080011367798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.2844696126422869, 1, 0.0, 0},
+    {3, 4096, 11008, 0.801008015871048, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4103613543526816, 1, 0.0, 0},
+    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.004148072141865409, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.1262831984841636, 1, 0.0, 0},
+    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.001193096175784481, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.006633796028573622, 1, 0.0, 0},
+    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.0001582993199932722, 1, 0.0, 0},
+    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.24718777459103927, 1, 0.0, 0},
+    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.2069477395195027, 1, 0.0, 0},
+    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.23924145955637746, 1, 0.0, 0},
+    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.2624375548375265, 1, 0.0, 0},
+    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.459848550129939, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.39899440891688576, 1, 0.0, 0},
+    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.25517904649435236, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.3255912794678985, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.23530308328292088, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09368612588423081, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.053146791905036454, 1, 0.0, 0},
+    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1186228254552556, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2784641205209738, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33260237500433526, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3195636795654624, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15258579151485568, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20221049264452112, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.575026369464957, 1, 0.0, 1},
 };
 static const Point tf32_19_unaligned[] = {
-    {2047, 2047, 2047, 0.2035840004682541, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.06486301228266401, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11923199892044067, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.25592276833282757, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6621439456939697, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02876662893276362, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10107054328300918, 1, 0.0, 0},
-    {4096, 1, 4096, 0.09254399687051773, 8.317766166719343, 0.0, 8.317766166719343, 0.21902746978246754, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09948799759149551, 0.0, 8.317766166719343, 8.317766166719343, 0.2928000688827447, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10795200243592262, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.14043489658906994, 1, 0.0, 0},
-    {8, 6144, 6144, 0.14652800559997559, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.13553656395449531, 1, 0.0, 0},
-    {4096, 12, 4096, 0.08609599992632866, 8.317766166719343, 2.4849066497880004, 8.317766166719343, 0.11607084038321455, 1, 0.0, 0},
-    {13, 5000, 3001, 0.07760000228881836, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.21038663302161306, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4254239797592163, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01862102665801299, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03452799841761589, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1499789095763118, 1, 0.0, 0},
-};
-static const Point tf32_20_aligned[] = {
-    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.07872107836088059, 1, 0.0, 0},
-    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06637850414796338, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05450413603735396, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.031900188428154494, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0068815035340774305, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0014027568033932218, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.48884024185238206, 1, 0.0, 0},
-    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.3593652698195689, 1, 0.0, 0},
-    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.059392047449199674, 1, 0.0, 0},
-    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1521017477916554, 1, 0.0, 0},
-    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.008578223639932187, 1, 0.0, 0},
-    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010504173932612498, 1, 0.0, 0},
-    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1534464054190328, 1, 0.0, 0},
-    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.02061841448023954, 1, 0.0, 0},
-    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.008891115187869798, 1, 0.0, 0},
-    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.001397388209814038, 1, 0.0, 0},
-    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.12176710481591704, 1, 0.0, 0},
-    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.052160489674013, 1, 0.0, 0},
-    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.10977084005585547, 1, 0.0, 0},
-    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.039323856346943215, 1, 0.0, 0},
-    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.1314985696414321, 1, 0.0, 0},
-    {5, 4096, 4096, 0.2702080011367798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.2858113891591217, 1, 0.0, 0},
-    {3, 4096, 11008, 0.801008015871048, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4117632372878753, 1, 0.0, 0},
-    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.004474869155920376, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.12667941460295562, 1, 0.0, 0},
-    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0014657618145038328, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.0066896244963501415, 1, 0.0, 0},
-    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00019424080045121208, 1, 0.0, 0},
-    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.2487314165354071, 1, 0.0, 0},
-    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.2083646061107967, 1, 0.0, 0},
-    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.2407519035265502, 1, 0.0, 0},
-    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.26402790860559844, 1, 0.0, 0},
-    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.46133843539377817, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.39968452921889286, 1, 0.0, 0},
-    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.25625959084585087, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.3259248378029691, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.23574359318676774, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09411469792373278, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.053627297769836185, 1, 0.0, 0},
-    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1189496224693104, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2785952949366982, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33254654653655874, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3195052021552392, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15299869175564676, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20247189177991193, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5754423024825475, 1, 0.0, 1},
-};
-static const Point tf32_20_unaligned[] = {
-    {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022830940549457703, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.23781220024687003, 1, 0.0, 0},
-    {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03366331631878418, 1, 0.0, 0},
-    {127, 4099, 1023, 0.10513600334525108, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06167571719930633, 1, 0.0, 0},
-    {4096, 1, 4096, 0.2961440086364746, 8.317766166719343, 0.0, 8.317766166719343, -0.14578324816770394, 1, 0.0, 0},
-    {1, 4096, 4096, 0.3405120074748993, 0.0, 8.317766166719343, 8.317766166719343, -0.006178710633894332, 1, 0.0, 0},
-    {16, 11008, 4096, 0.34305599331855774, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.10820891485762672, 1, 0.0, 0},
-    {8, 6144, 6144, 0.5187519788742065, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.003197831673630464, 1, 0.0, 0},
-    {4096, 12, 4096, 0.2840000092983246, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.19257524446719484, 1, 0.0, 0},
-    {13, 5000, 3001, 0.2646560072898865, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.0025638411329734945, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.4191360473632812, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01960256514739914, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13929878924070468, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0227958575220567, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.23798703793976164, 1, 0.0, 0},
+    {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03421379305694471, 1, 0.0, 0},
+    {127, 4099, 1023, 0.10513600334525108, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06160918970442197, 1, 0.0, 0},
+    {4096, 1, 4096, 0.2961440086364746, 8.317766166719343, 0.0, 8.317766166719343, -0.14384665925267365, 1, 0.0, 0},
+    {1, 4096, 4096, 0.3405120074748993, 0.0, 8.317766166719343, 8.317766166719343, -0.004242121718864098, 1, 0.0, 0},
+    {16, 11008, 4096, 0.34305599331855774, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.10662791588149623, 1, 0.0, 0},
+    {8, 6144, 6144, 0.5187519788742065, 2.0794415416798357, 8.723231274827508, 8.723231274827508, 0.005267598104369223, 1, 0.0, 0},
+    {4096, 12, 4096, 0.2840000092983246, 8.317766166719343, 2.4849066497880004, 8.317766166719343, -0.1906554901533024, 1, 0.0, 0},
+    {13, 5000, 3001, 0.2646560072898865, 2.5649493574615367, 8.517193191416238, 8.006700845440367, 0.004179418158129467, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.4191360473632812, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.019253224971576346, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13935667384092396, 1, 0.0, 0},
 };
 
-static const Member members[21] = {
-    {64, 128, 32, 1, 1, true, true,
-     {tf32_0_aligned, 46, {0.00540249331401591, 0.00029435464760455964, 0.0006490406710275707, 0.0, 0.0}, 1.8380344025983624},
-     {tf32_0_unaligned, 12, {0.011030444864219172, 0.0006252352099100473, 0.0011425048780216997, 0.030738494418731454, 0.0}, 1.0}
+static const Member members[20] = {
+    {128, 128, 32, 1, 1, true, true,
+     {tf32_0_aligned, 48, {0.01957912585839187, 0.0006096944993630212, 0.0008558506275309388, 0.0, 3.9648378244103544}, 1.3036371685518622},
+     {tf32_0_unaligned, 12, {0.0, 0.0007330461549091011, 0.019359623032745226, 0.13430938314154087, 0.0}, 1.0}
+     , true
      , 1, 1
      , false, 0
     },
     {16, 16, 512, 1, 2, true, false,
      {tf32_1_aligned, 11, {0.013192017317376972, 0.002548303677473409, 0.0012494423904652202, 0.03115900831796643, 0.0}, 1.0},
      {tf32_1_unaligned, 6, {0.0082639592497248, 0.004285992771798083, 0.0, 0.0, 0.0}, 1.0}
+     , false
      , 1, 1
      , true, 1
     },
-    {64, 128, 32, 8, 1, true, true,
-     {tf32_2_aligned, 46, {0.013478083706944262, 0.00010252988939696482, 0.006564725668897187, 0.08623775473310889, 0.0}, 1.3582720924980394},
-     {tf32_2_unaligned, 12, {0.02733139738889555, 9.37958189189426e-05, 0.0034055779621948363, 0.20571369355868607, 0.0}, 1.0}
+    {128, 128, 32, 1, 1, true, true,
+     {tf32_2_aligned, 48, {0.005042454155812996, 0.00038944597448057196, 0.0018010985738442788, 0.0, 0.0}, 1.6773044618810478},
+     {tf32_2_unaligned, 12, {0.0, 0.0004018395034572641, 0.010348037263411653, 0.22604411427674503, 0.0}, 1.0}
+     , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_3_aligned, 46, {0.004401289682278236, 0.0005974720080010984, 0.004799061898834932, 0.010205374624502914, 0.0}, 1.5075486826230131},
-     {tf32_3_unaligned, 12, {0.010741864292845892, 0.0002810067523404674, 0.0, 0.4103000100169788, 0.0}, 1.0}
+     {tf32_3_aligned, 48, {0.003660111503625498, 0.0005458222410068888, 0.006418831285940758, 0.0196813331738581, 0.0}, 1.101220912415512},
+     {tf32_3_unaligned, 12, {0.0, 0.0, 0.018634367247329635, 0.3732553371889166, 0.0}, 1.0}
+     , false
+     , 2, 1
+     , false, 0
+    },
+    {64, 128, 32, 4, 1, true, true,
+     {tf32_4_aligned, 48, {0.007911952994902875, 0.00017064855879493114, 0.00759805216567335, 0.058932209957908606, 0.0}, 1.1781229230198278},
+     {tf32_4_unaligned, 12, {0.023384450004730353, 0.00026828079941591186, 0.003035206663959412, 0.15202568908759878, 0.0}, 1.0}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {64, 128, 32, 1, 1, true, true,
+     {tf32_5_aligned, 48, {0.005438611490304358, 0.0002956484830161023, 0.0006370451384292932, 0.0, 0.0}, 1.8330175286385337},
+     {tf32_5_unaligned, 12, {0.011031877535557321, 0.0006259730241619107, 0.0011377897325736109, 0.030504316572153734, 0.0}, 1.0}
+     , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 128, 1, true, true,
-     {tf32_4_aligned, 46, {0.03310460447429922, 0.0, 0.0013617588151149812, 0.12812994557940804, 8.241591544032628}, 1.3442714915883722},
-     {tf32_4_unaligned, 12, {0.05443542897630113, 0.0, 0.0007839492997669327, 0.0, 65.32547875031015}, 1.0}
-     , 1, 1
-     , false, 0
-    },
-    {64, 128, 32, 4, 1, true, true,
-     {tf32_5_aligned, 46, {0.0059139444205310145, 0.00015237743584428764, 0.009409960632019798, 0.07073248327684846, 0.0}, 1.1675326519983098},
-     {tf32_5_unaligned, 12, {0.023384450004730353, 0.00026828079941591186, 0.003035206663959412, 0.15202568908759878, 0.0}, 1.0}
+     {tf32_6_aligned, 48, {0.03312318515330819, 0.0, 0.0013610488979976004, 0.1276622351899856, 8.824946995243254}, 1.345070877404769},
+     {tf32_6_unaligned, 12, {0.05298163431550657, 0.0, 0.0008052276501856617, 0.0, 64.1135141459537}, 1.0}
+     , false
      , 1, 1
      , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_6_aligned, 46, {0.003305559306387182, 0.0005345759759543793, 0.003445385589819341, 0.0, 0.0}, 1.4824920236696089},
-     {tf32_6_unaligned, 12, {0.010174820533217893, 0.00036029388069781375, 0.0, 0.3263810412167622, 0.0}, 1.0}
+     {tf32_7_aligned, 48, {0.0031834971612675436, 0.0005269662158875507, 0.004536425833878895, 0.0002646761690410326, 0.0}, 1.4224092344876522},
+     {tf32_7_unaligned, 12, {0.0102828438117349, 0.00036310164080816847, 0.0, 0.3252892074062706, 0.0}, 1.0}
+     , false
      , 1, 1
      , false, 0
     },
-    {128, 256, 32, 1, 1, true, true,
-     {tf32_7_aligned, 46, {0.0036585380965586988, 0.0005482484732088969, 0.006419469948515641, 0.019230686656110378, 0.0}, 1.1014344586323124},
-     {tf32_7_unaligned, 12, {0.0, 0.0, 0.01862059219226142, 0.3731727308611774, 0.0}, 1.0}
-     , 2, 1
+    {128, 128, 32, 3, 1, true, true,
+     {tf32_8_aligned, 48, {0.009992650048430847, 0.00047101402984053316, 0.007718998516554786, 0.0, 0.0}, 1.3085424143780975},
+     {tf32_8_unaligned, 12, {0.014791099566162421, 0.0004435769277440104, 0.0, 0.20898266585917247, 2.2303593147644563}, 1.0}
+     , false
+     , 1, 1
      , false, 0
     },
     {128, 128, 32, 2, 1, true, true,
-     {tf32_8_aligned, 46, {0.007976259333012752, 0.0004950955537899089, 0.0062138601082343085, 0.0, 0.0}, 1.3351568446352393},
-     {tf32_8_unaligned, 12, {0.01107462392246792, 0.0002484127036387153, 0.007059107162618718, 0.2821607750391595, 0.45282748827111297}, 1.0}
+     {tf32_9_aligned, 48, {0.008166425928351694, 0.0004965771664304916, 0.006133406568914334, 0.0, 0.0}, 1.333319967869153},
+     {tf32_9_unaligned, 12, {0.011021050706403062, 0.0002482092989230752, 0.007140695506159932, 0.28214899582728636, 0.4462373546351908}, 1.0}
+     , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_9_aligned, 46, {0.0033977958838830855, 0.000335692591646786, 0.0005788478691240741, 0.0, 0.0}, 1.2798966643045793},
-     {tf32_9_unaligned, 12, {0.017238852666540863, 0.00033883804039905053, 0.0, 0.008434532394691132, 0.0}, 1.0}
-     , 1, 1
-     , false, 0
-    },
-    {128, 128, 32, 1, 1, true, true,
-     {tf32_10_aligned, 46, {0.0051105137305453695, 0.00039319076399881383, 0.0017644630761025205, 0.0, 0.0}, 1.672210744106061},
-     {tf32_10_unaligned, 12, {0.0, 0.0004003222629168849, 0.010368266802721036, 0.22642186210875445, 0.0}, 1.0}
-     , 1, 1
-     , false, 0
-    },
-    {16, 2, 512, 1, 4, true, false,
-     {tf32_11_aligned, 11, {0.019006679744882793, 0.0004676838598522613, 0.0, 0.0, 68.21514417457529}, 1.0},
-     {tf32_11_unaligned, 6, {0.0, 0.0010602814808659264, 0.0, 0.0, 0.0}, 1.0}
-     , 1, 1
-     , true, 0
-    },
-    {64, 64, 32, 1, 1, true, true,
-     {tf32_12_aligned, 46, {0.0035103279404651157, 0.0005142384332976085, 0.0010510944514050364, 0.0023012812933036367, 0.0}, 1.0},
-     {tf32_12_unaligned, 12, {0.01092629061899639, 0.00048342318646567794, 0.0, 0.0, 0.0}, 1.0}
-     , 1, 1
-     , false, 0
-    },
-    {64, 128, 32, 3, 1, true, true,
-     {tf32_13_aligned, 46, {0.004938214379333704, 0.00045166404248352647, 0.0063073531920777165, 0.0, 0.0}, 1.1911380893841221},
-     {tf32_13_unaligned, 12, {0.021552236349083632, 0.0004957940782603832, 0.0021272755184537154, 0.0908162944340113, 0.0}, 1.0}
-     , 1, 1
-     , false, 0
-    },
-    {128, 64, 32, 4, 1, true, true,
-     {tf32_14_aligned, 46, {0.004061098980707611, 0.0003934194596778866, 0.006539500070254873, 0.0, 0.0}, 1.2571201730895203},
-     {tf32_14_unaligned, 12, {0.02306683605182975, 0.00027413442241717344, 0.0, 0.13979494948431498, 1.7526494939749728}, 1.0}
-     , 1, 1
-     , false, 0
-    },
-    {128, 240, 32, 1, 1, true, true,
-     {tf32_15_aligned, 46, {0.004643584380784451, 0.0005875822346086107, 0.004546726263790598, 0.006461433922857892, 0.0}, 1.4647679004982859},
-     {tf32_15_unaligned, 12, {0.009688806609152209, 0.00031937004029749557, 0.0, 0.37931138816658216, 0.0}, 1.0}
+     {tf32_10_aligned, 48, {0.0034164607293862477, 0.000331379076766415, 0.0006269968381803431, 0.0, 0.0}, 1.2827796372436364},
+     {tf32_10_unaligned, 12, {0.017265146346655245, 0.000339694185807611, 0.0, 0.007980760511158461, 0.0}, 1.0}
+     , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 8, 1, true, true,
-     {tf32_16_aligned, 46, {0.009358057255535877, 0.00018804672580891016, 0.008599858342801612, 0.05207081636763291, 0.0}, 1.1848110138090442},
-     {tf32_16_unaligned, 12, {0.023886730474558013, 0.0003011258011968935, 0.003745831840873908, 0.1342669851719044, 0.0}, 1.0}
+     {tf32_11_aligned, 48, {0.010454658834458144, 0.00021248003730042723, 0.007684767473441156, 0.04287609956325114, 0.0}, 1.1908875284373306},
+     {tf32_11_unaligned, 12, {0.023899923450403437, 0.0003016174249139313, 0.0037467325984133467, 0.1338307765627255, 0.0}, 1.0}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {16, 2, 512, 1, 4, true, false,
+     {tf32_12_aligned, 11, {0.019006679744882793, 0.0004676838598522613, 0.0, 0.0, 68.21514417457529}, 1.0},
+     {tf32_12_unaligned, 6, {0.0, 0.00106030751411642, 0.0, 0.0, 0.0}, 1.0}
+     , false
+     , 1, 1
+     , true, 0
+    },
+    {64, 64, 32, 1, 1, true, true,
+     {tf32_13_aligned, 48, {0.003485311806489215, 0.0005160225678921623, 0.0010737033078841085, 0.0, 0.0}, 1.0},
+     {tf32_13_unaligned, 12, {0.010953375555536446, 0.00048334138898791537, 0.0, 0.0, 0.0}, 1.0}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 240, 32, 1, 1, true, true,
+     {tf32_14_aligned, 48, {0.0046441116078244265, 0.0005882261697717221, 0.004546465016957115, 0.0063490997067254295, 0.0}, 1.4575639605070345},
+     {tf32_14_unaligned, 12, {0.009648561891541547, 0.00032157030977785796, 0.0, 0.37878165033159394, 0.0}, 1.0}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 64, 32, 4, 1, true, true,
+     {tf32_15_aligned, 48, {0.004416294061053918, 0.0003949875412278653, 0.00624802754522763, 0.0, 0.0}, 1.2522478530624774},
+     {tf32_15_unaligned, 12, {0.02306683605182975, 0.00027413442241717344, 0.0, 0.13979494948431498, 1.7526494939749728}, 1.0}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {64, 128, 32, 8, 1, true, true,
+     {tf32_16_aligned, 48, {0.011959490458667364, 0.00016622353246703074, 0.0071700106225041004, 0.05419410876404582, 0.0}, 1.207083325673515},
+     {tf32_16_unaligned, 12, {0.02443992322266142, 0.0002563491423998108, 0.003764727489056803, 0.14701299613072524, 0.0}, 1.0}
+     , false
      , 1, 1
      , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_17_aligned, 46, {0.003321540643429893, 0.000532298763650226, 0.004487488573724749, 0.0, 0.0}, 1.4188597961632587},
-     {tf32_17_unaligned, 12, {0.01031513800408817, 0.0003611706141132911, 0.0, 0.325765532845311, 0.0}, 1.0}
+     {tf32_17_aligned, 48, {0.003196830941917776, 0.0005305193230692369, 0.003491757679209936, 0.0, 0.0}, 1.4857852510056722},
+     {tf32_17_unaligned, 12, {0.010142224542361359, 0.0003622352594838718, 0.0, 0.3259021579074693, 0.0}, 1.0}
+     , false
      , 1, 1
      , false, 0
     },
     {16, 16, 512, 1, 1, true, false,
      {tf32_18_aligned, 11, {0.014163820084432122, 0.0010525912573087575, 0.00037798427835357976, 0.05958528758972574, 9.892722609670665}, 1.0},
      {tf32_18_unaligned, 6, {0.011582606239796575, 0.0020981384907349907, 0.0, 0.0, 0.0}, 1.0}
+     , false
      , 1, 1
      , true, 1
     },
-    {128, 256, 32, 1, 1, true, true,
-     {tf32_19_aligned, 46, {0.003962767732288987, 0.0006646851872205603, 0.004949372281488484, 0.008392837578427705, 0.0}, 1.2867312156299953},
-     {tf32_19_unaligned, 12, {0.010776351747952466, 0.00028400526268337916, 0.0, 0.40234018743250716, 0.0}, 1.0}
-     , 1, 1
-     , false, 0
-    },
     {128, 128, 32, 1, 2, true, false,
-     {tf32_20_aligned, 46, {0.005477650498491926, 0.0013977924679432535, 0.0030406808805853794, 0.2237146934826802, 0.0}, 1.5614407357523594},
-     {tf32_20_unaligned, 12, {0.027592250076272605, 0.0023012449781467576, 0.0006517577069303113, 0.29303795911051017, 0.0}, 1.0}
+     {tf32_19_aligned, 48, {0.005473749154140199, 0.00140002965811487, 0.003037760041877305, 0.2236153522439537, 0.0}, 1.5639548664318998},
+     {tf32_19_unaligned, 12, {0.02758076885594563, 0.002294264337689239, 0.0008643838302418638, 0.293474140349489, 0.0}, 1.0}
+     , false
      , 1, 1
      , false, 0
     },
@@ -19768,6 +19071,23 @@ static void features(const Member& m, int M, int N, int K, int sm_count, int bat
     // A member with clusters launches whole clusters of cluster_m x cluster_n tiles.
     const long long tiles_m = ceil_div(M, (long long)m.BM * m.cluster_m) * m.cluster_m;
     const long long tiles_n = ceil_div(N, (long long)m.BN * m.cluster_n) * m.cluster_n;
+    if (m.stream_k) {  // the busiest block's K tiles, the tiles each finishes, a shared tile's partial sums
+        const long long tiles = batch * tiles_m * tiles_n, k_tiles = K > m.BK ? ceil_div(K, m.BK) : 1;
+        // min(sm_count, tiles * k_tiles), the product only formed where it is small
+        long long blocks = tiles < sm_count && tiles * k_tiles < sm_count ? tiles * k_tiles : sm_count;
+        if (blocks < 1) blocks = 1;
+        const long long rest = tiles % blocks;
+        const long long dealt = rest == 0 ? 0 : (tiles / blocks == 0 ? tiles : blocks + rest);
+        f[0] = 1.0;
+        f[1] = (double)ceil_div(tiles - dealt, blocks) * k_tiles + (double)ceil_div(dealt * k_tiles, blocks);
+        f[2] = (double)ceil_div(tiles, blocks);
+        f[3] = 4.0 * batch * ((double)M * K * tiles_n + (double)K * N * tiles_m) / 1e9;
+        const long long share = dealt * k_tiles / blocks;  // the finisher reads the other pieces in turn
+        long long pieces = dealt ? 1 + ceil_div(k_tiles - 1, share > 1 ? share : 1) : 1;
+        if (pieces > blocks) pieces = blocks;
+        f[4] = 8.0 * m.BM * m.BN * (pieces - 1) / 1e9;
+        return;
+    }
     if (m.decode) {  // blocks of BN columns of the big operand, passes of BM rows, the bytes of both operands, the work
         const long long rows = M < N ? M : N, cols = M < N ? N : M;
         const long long blocks = batch * ceil_div(cols, m.BN), passes = ceil_div(rows, m.BM);
@@ -19840,7 +19160,7 @@ static int best(int M, int N, int K, bool use_aligned, bool split, int sm_count,
                 int batch, double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 21; ++i) {
+    for (int i = 0; i < 20; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -19862,7 +19182,7 @@ static int choose(int M, int N, int K, bool aligned, bool split, int sm_count, b
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, split, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 21; ++i)
+    for (int i = 0; i < 20; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -20096,7 +19416,7 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 20;  // a GPU this library was not tuned for: the portable member
+    int pick = 19;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -20133,7 +19453,6 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     case 17: return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 18: return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 19: return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
-    case 20: return gemmgen_tf32_20_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }
