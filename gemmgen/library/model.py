@@ -170,6 +170,17 @@ def decode_only_at(plans: list[Plan], shape: LibraryShape, layouts: dict[str, st
     return decode_shaped(shape.M, shape.N, shape_class(shape, layouts)) and any(p.path == "decode" for p in plans)
 
 
+def allowed_times(plans: list[Plan], m: Measurements, shapes: list[LibraryShape], exact_rows: int = 0,
+                  layouts: dict[str, str] | None = None) -> list[list[float | None]]:
+    """times[i][j]: plan i's time at shape j where it was timed and the choice may take it there
+    (may_take: at most `exact_rows` rows, FFMA decode candidates only; with `layouts`, decode_only_at),
+    else None. What select_members and tuning's specialists compare."""
+    ffma = any(ffma_decode(member_shape(p)) for p in plans)
+    decode_only = [layouts is not None and decode_only_at(plans, s, layouts) for s in shapes]
+    return [[m.times.get((kernel_key(plan), shape_key(s))) if may_take(plan, s, ffma, exact_rows, only) else None
+             for s, only in zip(shapes, decode_only)] for plan in plans]
+
+
 def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape], limit: int,
                    exact_rows: int = 0, layouts: dict[str, str] | None = None) -> list[Plan]:
     """Greedy: add the candidate that most lowers the sum over shapes of log(kept best / best), where
@@ -179,11 +190,7 @@ def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape
     (selection.short_sum_call: FFMA sums), and with `layouts`, at an aligned shape of few columns only
     the decode candidates (selection.decode_call)."""
     keys = [shape_key(s) for s in shapes]
-    ffma = any(ffma_decode(member_shape(p)) for p in plans)
-    # times[i][j]: plan i's time at shape j where the choice may take it there (else None)
-    decode_only = [layouts is not None and decode_only_at(plans, s, layouts) for s in shapes]
-    times = [[m.times.get((kernel_key(plan), k)) if may_take(plan, s, ffma, exact_rows, only) else None
-              for k, s, only in zip(keys, shapes, decode_only)] for plan in plans]
+    times = allowed_times(plans, m, shapes, exact_rows, layouts)
     best = [min((row[j] for row in times if row[j] is not None), default=None) for j in range(len(keys))]
 
     def cost(kept_best: list[float | None]) -> float:

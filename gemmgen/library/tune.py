@@ -29,8 +29,8 @@ from ..tuning.runner import Runner
 from ..tuning.tune import tune as tune_space
 from ..tuning.workers import open_runner
 from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, measured_at, member_shape,
-                    decode_only_at, may_take, read_db, select_members, shape_class, shape_key, slots_per_sm)
-from .selection import CLASSES, SPLIT, Model, ffma_decode, fit_all, model_class, predict, serves, short_sum_rows
+                    allowed_times, read_db, select_members, shape_class, shape_key, slots_per_sm)
+from .selection import CLASSES, SPLIT, Model, fit_all, model_class, predict, serves, short_sum_rows
 
 BUDGET_S = 0.05   # seconds of timed launches per timing (a library times hundreds)
 WARMUP_S = 0.03   # seconds of warm-up before each
@@ -255,25 +255,21 @@ def specialists(valid: list[Plan], chosen: list[Plan], m: Measurements, shapes: 
     timed: a kernel that wins only where the rest are weak (ping-pong at short K), which the greedy
     choice over partly timed data can pass over. Timed at every shape, they are then open to the
     build's choice among fully timed candidates. Largest gain first; decided from `m` alone.
-    As in select_members, a shape counts only the candidates the choice may take there (may_take:
-    `exact_rows`, and with `layouts` decode_only_at): at fp32's few rows, where only FFMA decode
+    As in select_members, a shape counts only the candidates the choice may take there
+    (allowed_times: `exact_rows`, and with `layouts` decode_only_at): at fp32's few rows, where only FFMA decode
     members may run, an FFMA kernel 9% faster than the kept FFMA ones is a specialist even where a
     3xTF32 member, which may not run there, is faster still."""
-    ffma = any(ffma_decode(member_shape(p)) for p in valid)
+    times = allowed_times(valid, m, shapes, exact_rows, layouts)  # chosen are among valid
     gains: dict[str, tuple[float, Plan]] = {}
-    for shape in shapes:
-        k = shape_key(shape)
-        only = layouts is not None and decode_only_at(valid, shape, layouts)
-        kept = [m.times[(kernel_key(p), k)] for p in chosen
-                if (kernel_key(p), k) in m.times and may_take(p, shape, ffma, exact_rows, only)]
+    for j in range(len(shapes)):
+        kept = [t for t in (times[valid.index(p)][j] for p in chosen) if t is not None]
         if not kept:
             continue
-        for plan in valid:
+        for plan, row in zip(valid, times):
             key = kernel_key(plan)
-            if plan in chosen or (key, k) not in m.times or not plan.beta \
-                    or not may_take(plan, shape, ffma, exact_rows, only):
+            if plan in chosen or row[j] is None or not plan.beta:
                 continue
-            gain = min(kept) / m.times[(key, k)]
+            gain = min(kept) / row[j]
             if gain >= SPECIALIST_MARGIN and gain > gains.get(key, (0.0, plan))[0]:
                 gains[key] = (gain, plan)
     ranked = sorted(gains.values(), key=lambda g: (-g[0], valid.index(g[1])))
